@@ -1,0 +1,34 @@
+"""expreplay: a threaded experience-replay population module for DQN-family training.
+
+``import expreplay`` loads numpy only. The tensorpack integration (:class:`ExpReplay`) imports
+TensorFlow and tensorpack when it is first touched.
+"""
+
+import importlib
+
+from .memory import Experience, LaneWriter, ReplayMemory
+
+__version__ = '0.1.0'
+
+# name -> module that defines it; imported on first use (PEP 562), so that importing the
+# package never pulls in TensorFlow, and the runner machinery only when it is used.
+_LAZY = {
+    'EnvRunner': '.runner',
+    'EnvRunnerManager': '.runner',
+    'ExpReplay': '.tensorpack_io',
+    'ReplayStream': '.stream',
+}
+
+__all__ = ['Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

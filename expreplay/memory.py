@@ -1,0 +1,568 @@
+"""The replay memory: every observation frame stored once, sampled as stacked histories.
+
+Layout
+======
+The memory is one ring of ``num_blocks * block_size`` *slots*. A slot holds one observation
+frame plus the step taken from it (action, reward, how the step ended) and the frame's index
+inside its episode (``epstep``: 0 for the observation returned by ``reset()``).
+
+Slots are handed out in *blocks* of ``block_size`` consecutive slots. Each writer (one per
+environment, see :class:`LaneWriter`) owns one *active* block at a time and fills it slot by
+slot; when it is full the writer takes another block and links the two. The chain of blocks of
+one writer is its *lane*: inside a block an episode's frames are contiguous, and across a block
+boundary the ``block_prev`` / ``block_next`` links say where the lane continues. This is what
+lets any number of writers share the memory without declaring a count up front, while each
+episode stays readable as consecutive frames.
+
+A new block comes from the free list while there is one, and then by evicting the block that
+was *retired* (filled, or abandoned by a closed writer) longest ago. Eviction is therefore
+oldest-first across all writers, one block at a time, and the memory holds roughly the most
+recent ``max_size`` steps.
+
+Invariants (kept under ``self._lock``)
+======================================
+I1  A block is in exactly one of: the free list, ``_retired`` (FIFO, oldest first), or active
+    (owned by exactly one writer). Only the owner writes into an active block.
+I2  Slots ``[0, block_fill[b])`` of block ``b`` hold written frames; the rest are garbage.
+    ``block_fill`` only grows while the block is active and drops to 0 when it is evicted.
+I3  A slot's VALID flag is set iff its transition can be sampled: an action was taken from its
+    frame, the next frame is written (in the next slot of the lane), and every frame of its
+    history (the ``history_len - 1`` frames before it, within its episode) is still stored.
+    ``_num_valid`` is the number of VALID slots.
+I4  History never reaches further back than the previous block of the lane, because
+    ``block_size >= history_len``; the next frame never lies further ahead than the next block.
+I5  ``block_prev_intact[b]`` is False once the block before ``b`` in its lane has been evicted;
+    the slots of ``b`` whose history reaches into it lose VALID at that moment.
+I6  A lane's blocks retire in lane order, so eviction (FIFO) never removes a block before its
+    predecessor: a VALID slot's next frame can not have been evicted.
+I7  Slot ``ZERO_SLOT`` (the last one) is never written and stays zeros: history positions
+    before an episode's first frame point at it, so one fancy index gathers padded states.
+
+Frames are written outside the lock (a memcpy the writer owns, I1) and published under it by
+updating ``block_fill`` / VALID; a sampler holds the lock while it gathers, so an evicted block
+can not be rewritten under a sample that is reading it.
+"""
+
+import collections
+import io
+import math
+import numbers
+import os
+import threading
+import zipfile
+
+import numpy as np
+
+from ._gather import gather_frames
+
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter']
+
+Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
+Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
+and whether the episode ended with this step (see :meth:`ReplayMemory.append`)."""
+
+# Slot flags.
+_VALID = 1        # the transition from this slot can be sampled (I3)
+_TERMINATED = 2   # the step from this slot ended the episode in a terminal state
+_TRUNCATED = 4    # the step from this slot ended the episode by truncation (bootstraps)
+_HAS_ACTION = 8   # an action was taken from this slot's frame
+
+# Block states (I1).
+_FREE, _ACTIVE, _RETIRED = 0, 1, 2
+
+_CHECKPOINT_VERSION = 1
+_DEFAULT_TARGET_BLOCKS = 256
+
+
+def _positive_int(value, name, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+class ReplayMemory:
+    """A replay memory of ``max_size`` steps that stores each observation frame once.
+
+    Args:
+        max_size (int): number of steps kept; the oldest are evicted first.
+        state_shape (tuple): shape of one observation frame, rank 1 to 3
+            (``(84, 84)`` for Atari, ``(4,)`` for CartPole).
+        history_len (int): frames stacked into one state (4 for Atari DQN).
+        dtype: numpy dtype of the frames (``'uint8'`` for images).
+        block_size (int, optional): slots per block (see the module docstring). At most
+            ``num_blocks - 1`` writers can be active at once; the default gives about 256
+            blocks. Larger blocks mean fewer, coarser evictions.
+
+    Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
+    (any number of them, one thread each). :meth:`append` is the tensorpack-style single
+    writer. Samplers call :meth:`sample_batch` from any thread.
+
+    Memory use: ``max_size * (frame bytes + 13)`` bytes, allocated lazily (pages are touched
+    as they are written, so a large memory starts cheap).
+    """
+
+    ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
+
+    def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None):
+        self.max_size = _positive_int(max_size, 'max_size')
+        self.history_len = _positive_int(history_len, 'history_len')
+        if isinstance(state_shape, numbers.Integral):
+            state_shape = (state_shape,)
+        try:
+            state_shape = tuple(int(d) for d in state_shape)
+        except TypeError:
+            raise TypeError(f"state_shape must be a tuple of ints, got {state_shape!r}") from None
+        if not 1 <= len(state_shape) <= 3 or min(state_shape) < 1:
+            raise ValueError(f"state_shape must have rank 1 to 3 and positive sizes, got {state_shape}")
+        self.state_shape = state_shape
+        try:
+            self.dtype = np.dtype(dtype)
+        except TypeError:
+            raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
+        if self.dtype.kind not in 'biuf':
+            raise TypeError(f"dtype must be a boolean, integer or float dtype, got {self.dtype}")
+        if self.max_size < self.history_len + 1:
+            raise ValueError(f"max_size ({self.max_size}) is too small for history_len "
+                             f"({self.history_len}): it must be at least history_len + 1")
+
+        if block_size is None:
+            block_size = max(self.history_len, -(-self.max_size // _DEFAULT_TARGET_BLOCKS))
+        self.block_size = _positive_int(block_size, 'block_size')
+        if self.block_size < self.history_len:  # I4
+            raise ValueError(f"block_size ({self.block_size}) must be >= history_len ({self.history_len})")
+        self.num_blocks = max(2, -(-self.max_size // self.block_size))
+        self.num_slots = self.num_blocks * self.block_size
+        self.ZERO_SLOT = self.num_slots
+
+        # np.zeros of a large array maps zero pages lazily: nothing is touched up front.
+        self._frames = np.zeros((self.num_slots + 1,) + self.state_shape, self.dtype)
+        self._action = np.zeros(self.num_slots, np.int32)
+        self._reward = np.zeros(self.num_slots, np.float32)
+        self._epstep = np.zeros(self.num_slots, np.int32)
+        self._flags = np.zeros(self.num_slots, np.uint8)
+
+        self._block_fill = np.zeros(self.num_blocks, np.int64)
+        self._block_prev = np.full(self.num_blocks, -1, np.int64)
+        self._block_next = np.full(self.num_blocks, -1, np.int64)
+        self._block_prev_intact = np.zeros(self.num_blocks, bool)
+        self._block_state = np.full(self.num_blocks, _FREE, np.int8)
+        self._block_gen = np.zeros(self.num_blocks, np.int64)  # +1 at every claim
+        self._free = collections.deque(range(self.num_blocks))
+        self._retired = collections.deque()
+        self._num_valid = 0
+        self._num_steps_written = 0   # all steps ever added, for statistics
+
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng()
+        self._legacy_writer = None
+        self._legacy_pending = None   # (action, reward) of the last non-terminal append
+
+    # ------------------------------------------------------------------ writers
+    def new_writer(self):
+        """A new :class:`LaneWriter` on this memory. Use one per environment and thread."""
+        return LaneWriter(self)
+
+    def append(self, exp):
+        """Add one step in tensorpack's single-writer convention.
+
+        ``exp = Experience(state, action, reward, isOver)``: the state acted upon, the action
+        taken, the reward received, and whether the episode ended with it. The state of the
+        next ``append`` is the next state of this step, so a non-terminal step becomes
+        sampleable once the next one is appended. This API has no final observation: the next
+        frame of a step with ``isOver=True`` is stored as zeros (the DQN target masks it), and
+        the step counts as terminated. Prefer :meth:`new_writer` for new code.
+        """
+        state, action, reward, is_over = exp
+        if self._legacy_writer is None:
+            self._legacy_writer = LaneWriter(self)
+        w = self._legacy_writer
+        # Check everything before writing anything, so that a bad step changes nothing.
+        w._check_obs(state, 'exp.state')
+        action, reward = w._check_action(action), w._check_reward(reward)
+        if self._legacy_pending is None:
+            w.start_episode(state)
+        else:
+            w.add_step(*self._legacy_pending, next_obs=state)
+            self._legacy_pending = None
+        if is_over:
+            w.add_step(action, reward, np.zeros(self.state_shape, self.dtype), terminated=True)
+        else:
+            self._legacy_pending = (action, reward)
+
+    # ------------------------------------------------------------------ block management
+    def _claim_block(self, prev_block):
+        """Give a writer a new active block linked after ``prev_block`` (-1: a new lane).
+
+        Evicts the oldest retired block when no block is free. Caller holds the lock.
+        """
+        if self._free:
+            block = self._free.popleft()
+        elif self._retired:
+            block = self._retired.popleft()
+            self._evict(block)
+        else:
+            raise RuntimeError(
+                f"all {self.num_blocks} blocks of the replay memory are held by writers: too many "
+                f"writers for max_size={self.max_size} with block_size={self.block_size}; "
+                "use a smaller block_size or fewer writers")
+        # Retire the writer's full block only now, so that it can not be handed straight back.
+        if prev_block >= 0:
+            self._retire(prev_block)
+        self._block_state[block] = _ACTIVE
+        self._block_gen[block] += 1
+        self._block_fill[block] = 0
+        self._block_prev[block] = prev_block
+        self._block_next[block] = -1
+        self._block_prev_intact[block] = prev_block >= 0
+        if prev_block >= 0:
+            self._block_next[prev_block] = block
+        return block
+
+    def _retire(self, block):
+        self._block_state[block] = _RETIRED
+        self._retired.append(block)
+
+    def _evict(self, block):
+        """Forget everything in ``block`` (I2, I3) and cut its successor's history (I5)."""
+        lo = block * self.block_size
+        flags = self._flags[lo:lo + self.block_size]
+        self._num_valid -= int(np.count_nonzero(flags & _VALID))
+        flags[:] = 0
+        self._block_fill[block] = 0
+        succ = self._block_next[block]
+        if succ >= 0 and self._block_prev[succ] == block:
+            self._block_prev_intact[succ] = False
+            # Slots at offset o of the successor need the evicted block when their history
+            # (min(epstep, history_len - 1) frames back) reaches before offset 0.
+            n = min(self.history_len - 1, int(self._block_fill[succ]))
+            s_lo = succ * self.block_size
+            offsets = np.arange(n)
+            needs = np.minimum(self._epstep[s_lo:s_lo + n], self.history_len - 1) > offsets
+            broken = needs & ((self._flags[s_lo:s_lo + n] & _VALID) != 0)
+            self._num_valid -= int(np.count_nonzero(broken))
+            self._flags[s_lo:s_lo + n][broken] &= ~np.uint8(_VALID)
+            self._block_prev[succ] = -1
+        self._block_prev[block] = -1
+        self._block_next[block] = -1
+        self._block_state[block] = _FREE
+
+    # ------------------------------------------------------------------ sampling
+    def __len__(self):
+        """The number of transitions that can be sampled now."""
+        return self._num_valid
+
+    @property
+    def num_steps_written(self):
+        """Steps added since the memory was created (including evicted ones)."""
+        return self._num_steps_written
+
+    def sample_batch(self, batch_size, rng=None, layout='NHWC'):
+        """Sample ``batch_size`` transitions uniformly (with replacement) from the valid ones.
+
+        Args:
+            batch_size (int): number of transitions.
+            rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
+            layout: ``'NHWC'`` (channels-last, tensorpack's DQNModel) or ``'NCHW'``
+                (channels-first, for models that transpose on the device).
+
+        Returns:
+            ``[comb_state, action, reward, isOver]``. ``comb_state`` holds ``history_len + 1``
+            frames per transition, oldest first, zeros before the episode's first frame; the
+            last one is the next state. Shape ``(B, *state_shape, history_len + 1)`` for NHWC,
+            ``(B, history_len + 1, *state_shape)`` for NCHW. ``action`` int32, ``reward``
+            float32, ``isOver`` bool (True only for terminated steps; truncated ends bootstrap).
+
+        Raises:
+            ValueError: fewer than ``batch_size`` valid transitions are stored.
+        """
+        batch_size = _positive_int(batch_size, 'batch_size')
+        if layout not in ('NHWC', 'NCHW'):
+            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        rng = self._rng if rng is None else rng
+        with self._lock:
+            if self._num_valid < batch_size:
+                raise ValueError(
+                    f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
+                    f"valid transitions and needs at least {batch_size}")
+            slots = self._draw_valid_slots(batch_size, rng)
+            comb_state = gather_frames(self._frames, self._frame_index(slots), layout)
+            action = self._action[slots]
+            reward = self._reward[slots]
+            is_over = (self._flags[slots] & _TERMINATED) != 0
+        return [comb_state, action, reward, is_over]
+
+    def _draw_valid_slots(self, n, rng):
+        """Uniform draw over VALID slots: uniform over written slots, then reject the others.
+
+        Written slots are contiguous per block (I2), so a draw over the running sum of
+        ``block_fill`` is a draw over written slots; almost all of them are VALID (the
+        exceptions are each episode's final frame and a few slots at block edges).
+        """
+        cum = np.cumsum(self._block_fill)
+        total = int(cum[-1])
+        chosen = np.empty(0, np.int64)
+        for _ in range(32):
+            u = _integers(rng, total, 2 * (n - len(chosen)) + 8)
+            block = np.searchsorted(cum, u, side='right')
+            slot = block * self.block_size + (u - (cum[block] - self._block_fill[block]))
+            slot = slot[(self._flags[slot] & _VALID) != 0]
+            chosen = np.concatenate([chosen, slot[:n - len(chosen)]])
+            if len(chosen) == n:
+                return chosen
+        # Mostly invalid slots (e.g. one-step episodes): enumerate the valid ones instead.
+        valid = np.flatnonzero(self._flags & _VALID)
+        return np.concatenate([chosen, valid[_integers(rng, len(valid), n - len(chosen))]])
+
+    def _frame_index(self, slots):
+        """Slot index of every frame of each transition: (B, history_len + 1), oldest first.
+
+        History frame ``k`` steps back lies in the same block when the offset allows, else in
+        the previous block of the lane (I4); before the episode's first frame it is the zero
+        slot (I7). The next frame is the next slot of the lane.
+        """
+        bs = self.block_size
+        block, offset = np.divmod(slots, bs)
+        back = np.arange(self.history_len - 1, -1, -1)            # k, oldest first
+        pos = offset[:, None] - back                                # offset of frame k back
+        prev_base = self._block_prev[block][:, None] * bs + bs
+        hist = np.where(pos >= 0, block[:, None] * bs + pos, prev_base + pos)
+        hist = np.where(back <= self._epstep[slots][:, None], hist, self.ZERO_SLOT)
+        nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
+        return np.concatenate([hist, nxt[:, None]], axis=1)
+
+    # ------------------------------------------------------------------ checkpoints
+    _SAVED_ARRAYS = ('_frames', '_action', '_reward', '_epstep', '_flags', '_block_fill',
+                     '_block_prev', '_block_next', '_block_prev_intact', '_block_state',
+                     '_block_gen')
+
+    def save(self, path):
+        """Write a checkpoint of the whole memory to ``path`` (one ``.npz`` file).
+
+        The file is written beside ``path`` and renamed over it only when complete, so a crash
+        or kill during ``save`` leaves the previous checkpoint intact. Arrays are streamed to
+        the file in chunks (no second copy of the frames in RAM). Writers and samplers wait
+        while it runs. Writers attached now are not part of the checkpoint: after
+        :meth:`load`, their partly filled blocks are retired and new writers start new lanes.
+        """
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
+        with self._lock:
+            # Active blocks are retired (newest last) in the checkpoint, as after a close().
+            active = np.flatnonzero(self._block_state == _ACTIVE)
+            meta = dict(
+                version=_CHECKPOINT_VERSION, max_size=self.max_size, state_shape=self.state_shape,
+                history_len=self.history_len, dtype=self.dtype.str, block_size=self.block_size,
+                num_valid=self._num_valid, num_steps_written=self._num_steps_written)
+            arrays = {name.lstrip('_'): getattr(self, name) for name in self._SAVED_ARRAYS}
+            arrays['free'] = np.array(self._free, np.int64)
+            arrays['retired'] = np.concatenate([np.array(self._retired, np.int64), active])
+            arrays['meta'] = np.frombuffer(repr(meta).encode(), np.uint8)
+            try:
+                with open(tmp, 'wb') as f:
+                    np.savez(f, **arrays)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
+                raise
+
+    @classmethod
+    def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None):
+        """Load a memory saved by :meth:`save`, bit-identical.
+
+        Pass the configuration you expect (any of ``max_size``, ``state_shape``,
+        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused
+        with a ``ValueError`` that says what differs.
+        """
+        path = os.fspath(path)
+        try:
+            archive = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            raise ValueError(f"{path!r} is not a readable ReplayMemory checkpoint: {err}") from err
+        with archive:
+            if 'meta' not in archive.files:
+                raise ValueError(f"{path!r} is not a ReplayMemory checkpoint (no metadata)")
+            import ast
+            meta = ast.literal_eval(bytes(archive['meta']).decode())
+            if meta.get('version') != _CHECKPOINT_VERSION:
+                raise ValueError(f"{path!r}: unsupported checkpoint version {meta.get('version')}")
+            expected = dict(max_size=max_size, history_len=history_len,
+                            state_shape=None if state_shape is None else tuple(state_shape),
+                            dtype=None if dtype is None else np.dtype(dtype).str)
+            wrong = [f"{k}: checkpoint has {meta[k]!r}, expected {v!r}"
+                     for k, v in expected.items() if v is not None and meta[k] != v]
+            if wrong:
+                raise ValueError(f"checkpoint {path!r} does not match this memory: " + "; ".join(wrong))
+            mem = cls(meta['max_size'], meta['state_shape'], meta['history_len'],
+                      meta['dtype'], block_size=meta['block_size'])
+            for name in cls._SAVED_ARRAYS:
+                saved = archive[name.lstrip('_')]
+                target = getattr(mem, name)
+                if saved.shape != target.shape or saved.dtype != target.dtype:
+                    raise ValueError(f"checkpoint {path!r} is corrupt: array {name.lstrip('_')} "
+                                     f"has shape {saved.shape} {saved.dtype}, expected "
+                                     f"{target.shape} {target.dtype}")
+                setattr(mem, name, saved)
+            mem._free = collections.deque(int(b) for b in archive['free'])
+            mem._retired = collections.deque(int(b) for b in archive['retired'])
+        mem._block_state[list(mem._retired)] = _RETIRED
+        mem._num_valid = int(meta['num_valid'])
+        mem._num_steps_written = int(meta['num_steps_written'])
+        return mem
+
+
+class LaneWriter:
+    """Writes one environment's steps into its own lane of a :class:`ReplayMemory`.
+
+    Use it from one thread. Call :meth:`start_episode` with the observation ``reset()``
+    returned, then :meth:`add_step` after every environment step. Each step is sampleable as
+    soon as ``add_step`` returns, so a writer stopped mid-episode loses nothing it has added.
+    """
+
+    def __init__(self, memory):
+        self.memory = memory
+        self._block = -1          # active block, -1 before the first write or after close()
+        self._cur_slot = -1       # slot of the current observation, -1 outside an episode
+        self._cur_epstep = 0
+        self._cur_gen = 0         # generation of the current observation's block when written
+        self._closed = False
+
+    @property
+    def in_episode(self):
+        """True between :meth:`start_episode` and the step that ends the episode."""
+        return self._cur_slot >= 0
+
+    def start_episode(self, obs):
+        """Start a new episode in this lane with its first observation (from ``reset()``).
+
+        An episode still open is abandoned: its steps so far stay sampleable.
+        """
+        frame = self._check_obs(obs, 'obs')
+        slot = self._write_frame(frame, epstep=0)
+        self._cur_slot, self._cur_epstep = slot, 0
+        self._cur_gen = int(self.memory._block_gen[self._block])
+
+    def add_step(self, action, reward, next_obs, terminated=False, truncated=False):
+        """Record the step taken from the current observation.
+
+        Args:
+            action (int): the action taken.
+            reward (float): the reward received (finite).
+            next_obs: the observation after the step; when the step ends the episode it is
+                the final observation (the true next state, also for a truncated end).
+            terminated (bool): the episode reached a terminal state (``isOver`` when sampled).
+            truncated (bool): the episode was cut (time limit): the transition bootstraps.
+        """
+        if self._cur_slot < 0:
+            raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
+                               "with the reset observation first")
+        action = self._check_action(action)
+        reward = self._check_reward(reward)
+        frame = self._check_obs(next_obs, 'next_obs')
+        cur = self._cur_slot
+        flags = _HAS_ACTION | (_TERMINATED if terminated else 0) | (_TRUNCATED if truncated else 0)
+        next_slot = self._write_frame(frame, epstep=self._cur_epstep + 1,
+                                      finish=(cur, self._cur_gen, action, reward, flags))
+        if terminated or truncated:
+            self._cur_slot = -1
+        else:
+            self._cur_slot, self._cur_epstep = next_slot, self._cur_epstep + 1
+            self._cur_gen = int(self.memory._block_gen[self._block])
+
+    def close(self):
+        """Detach from the memory: the lane's active block is retired. Idempotent."""
+        mem = self.memory
+        with mem._lock:
+            if self._block >= 0 and mem._block_state[self._block] == _ACTIVE:
+                mem._retire(self._block)
+            self._block = -1
+            self._cur_slot = -1
+            self._closed = True
+
+    # ------------------------------------------------------------------ internals
+    def _write_frame(self, frame, epstep, finish=None):
+        """Write ``frame`` into the lane's next slot and publish it (and ``finish``'s step)."""
+        mem = self.memory
+        if self._closed:
+            raise RuntimeError("this LaneWriter is closed")
+        bs = mem.block_size
+        if self._block < 0 or mem._block_fill[self._block] == bs:
+            with mem._lock:
+                self._block = mem._claim_block(self._block)
+        slot = self._block * bs + int(mem._block_fill[self._block])
+        mem._frames[slot] = frame   # outside the lock: the slot is ours and unpublished (I1, I2)
+        with mem._lock:
+            mem._epstep[slot] = epstep
+            mem._flags[slot] = 0
+            mem._block_fill[self._block] += 1
+            if finish is not None:
+                self._publish_step(*finish)
+        return slot
+
+    def _publish_step(self, slot, gen, action, reward, flags):
+        """Store the step taken from ``slot`` and mark it VALID if its history is intact (I3)."""
+        mem = self.memory
+        mem._num_steps_written += 1
+        block, offset = divmod(slot, mem.block_size)
+        if mem._block_gen[block] != gen or mem._block_state[block] == _FREE:
+            # The slot was the last of the lane's previous block, and that block has been
+            # evicted (it was the oldest) since: the step is as gone as any evicted one.
+            return
+        mem._action[slot] = action
+        mem._reward[slot] = reward
+        needs_prev = min(int(mem._epstep[slot]), mem.history_len - 1) > offset
+        if needs_prev and not mem._block_prev_intact[block]:
+            mem._flags[slot] = flags
+            return
+        mem._flags[slot] = flags | _VALID
+        mem._num_valid += 1
+
+    def _check_obs(self, obs, name):
+        mem = self.memory
+        arr = np.asarray(obs)
+        if arr.shape != mem.state_shape:
+            raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {mem.state_shape}")
+        if arr.dtype != mem.dtype:
+            src, dst = arr.dtype, mem.dtype
+            if dst.kind in 'iub' and src.kind in 'iub':
+                # Integer to integer: allowed when every value fits (no silent wrap-around).
+                info = np.iinfo(dst) if dst.kind != 'b' else None
+                if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
+                    raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
+                                     f"fit the memory dtype {dst}")
+            elif not np.can_cast(src, dst, casting='same_kind'):
+                raise TypeError(f"{name} has dtype {src}, which can not be stored as {dst} "
+                                "without losing data")
+        return arr
+
+    @staticmethod
+    def _check_action(action):
+        if isinstance(action, np.ndarray) and action.ndim == 0:
+            action = action[()]
+        if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
+            raise TypeError(f"action must be an integer, got {action!r} ({type(action).__name__})")
+        if not -2**31 <= int(action) < 2**31:
+            raise ValueError(f"action {action} does not fit int32")
+        return int(action)
+
+    @staticmethod
+    def _check_reward(reward):
+        try:
+            value = float(reward)
+        except (TypeError, ValueError):
+            raise TypeError(f"reward must be a real number, got {reward!r}") from None
+        if not math.isfinite(value):
+            raise ValueError(f"reward must be finite, got {value}")
+        return value
+
+
+def _integers(rng, high, size):
+    """``size`` uniform ints in [0, high) from a numpy Generator or a legacy RandomState."""
+    if hasattr(rng, 'integers'):
+        return rng.integers(0, high, size=size)
+    return rng.randint(0, high, size=size)

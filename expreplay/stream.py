@@ -1,0 +1,456 @@
+"""A framework-free replay stream: threaded population and sampling behind ``for batch in stream``.
+
+:class:`ReplayStream` is what :class:`expreplay.ExpReplay` does for tensorpack, for any other
+trainer (PyTorch, JAX, TF2 eager, plain numpy)::
+
+    def q_values(states):                   # (n, *state_shape, history_len) -> (n, num_actions)
+        return my_model(states)
+
+    with ReplayStream(q_values, make_env, num_parallel_players=4, state_shape=(84, 84),
+                      batch_size=64, memory_size=100_000, init_memory_size=5_000,
+                      update_frequency=4, history_len=4) as stream:
+        for step, (comb_state, action, reward, is_over) in enumerate(stream):
+            train_on(comb_state, action, reward, is_over)
+            stream.exploration = max(0.1, 1 - step / 100_000)
+            if step == 200_000:
+                break
+
+The ratio of sampled to inserted transitions
+============================================
+After each batch the stream hands it out, it requests ``update_frequency`` environment steps
+(each inserts one transition per environment stepped; a vector-env runner steps all of its
+sub-environments at once). In the steady state that is ``batch_size`` sampled transitions per
+``update_frequency`` inserted ones: ``batch_size / update_frequency`` samples per inserted
+transition (16 for DQN's 64 / 4), the replay ratio of the Nature DQN.
+
+Requests are executed asynchronously by the simulator threads, at most ``maximum_staleness``
+of them pending: when batch ``k`` (counting from 1) is handed out, exactly
+``(k - 1) * update_frequency`` step requests have been made and at least
+``(k - 1) * update_frequency - maximum_staleness`` of them have been executed; the
+initial fill comes on top. A consumer that prefetches batches (tensorpack's ``QueueInput``
+keeps up to 50) trains that many batches behind the stream, which does not change the ratio.
+"""
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+
+from .memory import ReplayMemory
+
+__all__ = ['ReplayStream', 'PredictorSlot', 'MemoryCheckpoint']
+
+logger = logging.getLogger(__name__)
+
+
+class PredictorSlot:
+    """A swappable predictor that the runners call: replacing it takes effect on the next call.
+
+    The runners use tensorpack's convention, ``predictor(states)[0]`` is the Q-value array. A
+    function that returns the Q-value array itself (a numpy array, a torch or JAX tensor, anything
+    that is not a list or tuple) is wrapped so that both conventions work.
+    """
+
+    def __init__(self, predictor=None):
+        self._predictor = predictor
+
+    def set(self, predictor):
+        """Use ``predictor`` from the next call on (a plain attribute store: atomic)."""
+        if predictor is not None and not callable(predictor):
+            raise TypeError(f"predictor must be callable, got {predictor!r}")
+        self._predictor = predictor
+
+    @property
+    def current(self):
+        return self._predictor
+
+    def __call__(self, states):
+        predictor = self._predictor
+        if predictor is None:
+            raise RuntimeError("no predictor set: the runners needed a greedy action before the "
+                               "Q-function was given (set one, or use exploration=1.0)")
+        out = predictor(states)
+        if isinstance(out, (list, tuple)):
+            return out
+        return [np.asarray(out)]
+
+
+class MemoryCheckpoint:
+    """Where a replay memory is saved to and resumed from: ``<directory>/<filename>``.
+
+    Loading checks that the checkpoint matches the memory the caller would otherwise build
+    (size, frame shape, history, dtype) and refuses another one with ``ValueError``.
+    """
+
+    FILENAME = 'replay_memory.npz'
+
+    def __init__(self, directory, filename=FILENAME):
+        self.directory = os.fspath(directory)
+        self.path = os.path.join(self.directory, filename)
+
+    def exists(self):
+        return os.path.isfile(self.path)
+
+    def load(self, max_size, state_shape, history_len, dtype):
+        """The saved memory, or None when there is no checkpoint yet."""
+        if not self.exists():
+            return None
+        memory = ReplayMemory.load(self.path, max_size=max_size, state_shape=state_shape,
+                                   history_len=history_len, dtype=dtype)
+        logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
+        return memory
+
+    def save(self, memory):
+        """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames)."""
+        os.makedirs(self.directory, exist_ok=True)
+        start = time.monotonic()
+        memory.save(self.path)
+        logger.info("Saved the replay memory (%d transitions) to %s in %.1f s.",
+                    len(memory), self.path, time.monotonic() - start)
+
+
+def _default_progress(total, desc):
+    """A tqdm bar when tqdm is installed, else a silent stand-in."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoProgress()
+    return tqdm(total=total, desc=desc, dynamic_ncols=True)
+
+
+class _NoProgress:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+class _Population:
+    """The runners and their manager: build them, step them, read their statistics, stop them.
+
+    One job: keep the environments stepping into the memory on request. It knows nothing about
+    batches or training.
+    """
+
+    def __init__(self, get_player, num_players, predictor, memory, history_len,
+                 maximum_staleness, seed, runner_kwargs):
+        from .runner import EnvRunner, EnvRunnerManager   # keeps `import expreplay.stream` light
+
+        runners = []
+        try:
+            for index in range(num_players):
+                kwargs = dict(runner_kwargs)
+                if seed is not None:
+                    kwargs.setdefault('seed', seed)
+                    kwargs.setdefault('index', index)
+                runners.append(EnvRunner(get_player(), predictor, memory, history_len, **kwargs))
+            self.manager = EnvRunnerManager(runners, maximum_staleness)
+        except BaseException:
+            for runner in runners:
+                _close_quietly(runner)
+            raise
+        self.runners = runners
+
+    def step(self, exploration, n=1):
+        for _ in range(n):
+            self.manager.step(exploration)
+
+    def reset_stats(self):
+        return self.manager.reset_stats()
+
+    def stats(self):
+        stats = getattr(self.manager, 'stats', None)
+        return dict(stats()) if callable(stats) else {}
+
+    def close(self):
+        self.manager.close()
+
+
+def _close_quietly(obj):
+    close = getattr(obj, 'close', None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            logger.exception("while closing %r", obj)
+
+
+class ReplayStream:
+    """Threaded experience replay as a plain Python iterator of numpy batches.
+
+    Iterating fills the memory to ``init_memory_size`` first (once), then yields
+    ``[comb_state, action, reward, isOver]`` batches forever, requesting ``update_frequency``
+    environment steps after each one (see the module docstring for the exact ratio). Stop by
+    breaking out of the loop and calling :meth:`close` (or use the stream as a context manager).
+
+    Args:
+        predictor: the Q-function, ``predictor(states)`` with ``states`` of shape
+            ``(n, *state_shape, history_len)`` (channels-last, oldest frame first, dtype
+            ``state_dtype``). It returns the Q-values ``(n, num_actions)``, or a list of outputs
+            whose first is the Q-values (tensorpack's convention). It is called from the
+            simulator threads, possibly concurrently: make it thread-safe. ``None`` is allowed
+            while ``exploration`` is 1 (no greedy action is needed); see :meth:`set_predictor`.
+        get_player: a callable returning a new environment (gymnasium, old gym API, or a
+            gymnasium VectorEnv); called ``num_parallel_players`` times.
+        num_parallel_players (int): environments stepped by their own threads.
+        state_shape (tuple): shape of one observation frame.
+        batch_size (int): transitions per batch.
+        memory_size (int): transitions kept in the replay memory.
+        init_memory_size (int): transitions in the memory before the first batch.
+        update_frequency (int): environment steps requested after each batch.
+        history_len (int): frames per state.
+        state_dtype: dtype of the stored frames.
+        maximum_staleness (int): pending step requests allowed; default ``2 * update_frequency``.
+        exploration (float): initial epsilon of the epsilon-greedy runners; assign the attribute
+            to change it during training.
+        seed (int): seeds the sampling and, through the runners, the environments.
+        layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or ``'NCHW'``.
+        checkpoint_dir (str): if given, the memory is loaded from it when a checkpoint is there
+            (no refill), and :meth:`save_memory` / :meth:`close` save it there.
+        memory (ReplayMemory): use this memory instead of building (or loading) one.
+        progress: show the initial fill: True (tqdm), False, or ``progress(total, desc)``
+            returning an object with ``update(n)`` and ``close()``.
+        runner_kwargs (dict): extra keyword arguments for every :class:`~expreplay.EnvRunner`.
+    """
+
+    def __init__(self, predictor, get_player, num_parallel_players, state_shape, batch_size,
+                 memory_size, init_memory_size, update_frequency, history_len,
+                 state_dtype='uint8', *, maximum_staleness=None, exploration=1.0, seed=None,
+                 layout='NHWC', checkpoint_dir=None, memory=None, progress=True,
+                 runner_kwargs=None):
+        if not callable(get_player):
+            raise TypeError(f"get_player must be a callable returning an environment, got {get_player!r}")
+        self.get_player = get_player
+        self.num_parallel_players = _int_at_least(num_parallel_players, 'num_parallel_players', 1)
+        self.batch_size = _int_at_least(batch_size, 'batch_size', 1)
+        self.memory_size = _int_at_least(memory_size, 'memory_size', 1)
+        self.init_memory_size = _int_at_least(init_memory_size, 'init_memory_size', 0)
+        self.update_frequency = _int_at_least(update_frequency, 'update_frequency', 1)
+        self.history_len = _int_at_least(history_len, 'history_len', 1)
+        if self.init_memory_size > self.memory_size:
+            raise ValueError(f"init_memory_size ({self.init_memory_size}) is larger than "
+                             f"memory_size ({self.memory_size})")
+        if maximum_staleness is None:
+            maximum_staleness = 2 * self.update_frequency    # as the reference
+        self.maximum_staleness = _int_at_least(maximum_staleness, 'maximum_staleness', 1)
+        if layout not in ('NHWC', 'NCHW'):
+            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        self.layout = layout
+        self.state_shape = tuple(state_shape)
+        self.state_dtype = np.dtype(state_dtype)
+        self.exploration = float(exploration)
+        self.seed = seed
+        self._rng = np.random.default_rng(seed)
+        self._runner_kwargs = dict(runner_kwargs or {})
+        self._progress = progress
+        self._predictor = PredictorSlot(predictor)
+
+        self.checkpoint = None if checkpoint_dir is None else MemoryCheckpoint(checkpoint_dir)
+        if memory is None and self.checkpoint is not None:
+            memory = self.checkpoint.load(self.memory_size, self.state_shape, self.history_len,
+                                          self.state_dtype)
+        if memory is None:
+            memory = ReplayMemory(self.memory_size, self.state_shape, self.history_len,
+                                  self.state_dtype)
+        self.memory = memory
+        self.resumed = len(memory) > 0   # True when the memory came with transitions
+
+        self._population = None
+        self._lock = threading.Lock()     # guards start/close against each other
+        self._ready = threading.Event()   # set once the initial fill is done (or on close)
+        self._closed = False
+        self._fill_steps = 0
+        self._last_stats_time = None
+        self._last_stats_written = 0
+
+    # ------------------------------------------------------------------ predictor
+    @property
+    def predictor(self):
+        """The Q-function the runners use (see the class docstring for its convention)."""
+        return self._predictor.current
+
+    @predictor.setter
+    def predictor(self, predictor):
+        self._predictor.set(predictor)
+
+    def set_predictor(self, predictor):
+        """Give the runners a new Q-function (e.g. after copying the learner's weights).
+
+        Takes effect from the next greedy action any runner takes. A predictor that reads
+        the live weights (a closure over a PyTorch module, say) needs no update at all.
+        """
+        self._predictor.set(predictor)
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self):
+        """Build the runners and fill the memory to ``init_memory_size``; idempotent.
+
+        Iterating calls it; call it yourself to fill at a moment of your choice. Blocks until
+        the fill is done. A memory resumed from a checkpoint is filled only up to what it lacks.
+        """
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the ReplayStream is closed")
+            if self._population is not None:
+                return
+            self._population = _Population(
+                self.get_player, self.num_parallel_players, self._predictor, self.memory,
+                self.history_len, self.maximum_staleness, self.seed, self._runner_kwargs)
+        self._fill()
+        self._last_stats_time = time.monotonic()
+        self._last_stats_written = self.memory.num_steps_written
+        self._ready.set()
+
+    def _fill(self):
+        """Step the runners until the memory holds ``init_memory_size`` transitions.
+
+        Stops early if ``init_memory_size`` steps were inserted and the memory still holds
+        fewer transitions: it is then as full as it gets (every episode's final frame takes a
+        slot without being a transition), and waiting longer would never end.
+        """
+        memory, target = self.memory, self.init_memory_size
+        if len(memory) >= target:
+            return
+        logger.info("Populating the replay memory with exploration=%s ...", self.exploration)
+        written_at_start = memory.num_steps_written
+        bar = self._make_progress(target)
+        shown = len(memory)
+        bar.update(shown)
+        try:
+            while len(memory) < target and memory.num_steps_written - written_at_start < target:
+                if self._closed:
+                    return
+                self._population.step(self.exploration)
+                self._fill_steps += 1
+                now = len(memory)
+                if now > shown:
+                    bar.update(min(now, target) - shown)
+                    shown = min(now, target)
+        finally:
+            bar.close()
+
+    def _make_progress(self, total):
+        if self._progress is True:
+            return _default_progress(total, 'filling replay memory')
+        if not self._progress:
+            return _NoProgress()
+        return self._progress(total, 'filling replay memory')
+
+    def wait_ready(self, timeout=None):
+        """Block until the initial fill is done or the stream is closed; True if ready."""
+        self._ready.wait(timeout)
+        return self._ready.is_set() and not self._closed
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self, save=True):
+        """Stop and join every simulator thread, then save the memory if a checkpoint is set.
+
+        Idempotent. An exception raised by a runner that was not reported yet is raised here,
+        after the threads are stopped and the memory saved.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            population, self._population = self._population, None
+        self._ready.set()   # wakes anyone in wait_ready(), who then sees `closed`
+        error = None
+        if population is not None:
+            try:
+                population.close()
+            except Exception as err:   # re-raised below, once the memory is safe
+                error = err
+        if save and self.checkpoint is not None:
+            self.checkpoint.save(self.memory)
+        if error is not None:
+            raise error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __del__(self):
+        # Threads must not outlive a forgotten stream; never raise from a finalizer.
+        try:
+            if not self._closed:
+                self.close(save=False)
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ batches
+    def __iter__(self):
+        """Yield batches forever (until :meth:`close`); see the class docstring."""
+        self.start()
+        return self._batches()
+
+    def _batches(self):
+        memory, population = self.memory, self._population
+        while not self._closed:
+            batch = memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
+            yield batch
+            try:
+                population.step(self.exploration, self.update_frequency)
+            except Exception:
+                if self._closed:   # close() from another thread stops the manager under us
+                    return
+                raise
+
+    def sample(self):
+        """One batch, without requesting new environment steps."""
+        return self.memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
+
+    # ------------------------------------------------------------------ statistics
+    def reset_stats(self):
+        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``."""
+        population = self._population
+        if population is None:
+            return None, None
+        return population.reset_stats()
+
+    def stats(self):
+        """Figures about the population since the previous call, as a flat dict of numbers.
+
+        Always present: ``env_steps_per_sec`` (transitions inserted per second since the
+        previous call), ``memory_transitions``, ``memory_fill`` (fraction of ``memory_size``),
+        ``fill_steps`` (steps requested by the initial fill: 0 for a resumed memory). The
+        runners' own figures (games, episode length, queue depth, ...) are merged in.
+        """
+        now = time.monotonic()
+        written = self.memory.num_steps_written
+        out = {}
+        population = self._population
+        if population is not None:
+            out.update(population.stats())
+        if self._last_stats_time is not None and now > self._last_stats_time:
+            out['env_steps_per_sec'] = (written - self._last_stats_written) / (now - self._last_stats_time)
+        self._last_stats_time, self._last_stats_written = now, written
+        out['memory_transitions'] = len(self.memory)
+        out['memory_fill'] = len(self.memory) / self.memory_size
+        out['fill_steps'] = self._fill_steps
+        return out
+
+    def save_memory(self):
+        """Save the memory to the checkpoint directory now (writers wait while it is written)."""
+        if self.checkpoint is None:
+            raise RuntimeError("no checkpoint_dir was given")
+        self.checkpoint.save(self.memory)
+
+
+def _int_at_least(value, name, minimum):
+    try:
+        as_int = int(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be an integer, got {value!r}") from None
+    if as_int != value:
+        raise ValueError(f"{name} must be a whole number, got {value!r}")
+    if as_int < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return as_int

@@ -1,0 +1,25 @@
+"""expreplay: threaded experience replay for DQN-family training."""
+
+from setuptools import find_packages, setup
+
+TENSORPACK = ['tensorflow==2.21.*', 'tf-keras==2.21.*', 'tensorpack==0.11']
+ATARI = ['gymnasium>=1.0', 'ale-py>=0.12', 'opencv-python-headless']
+TEST = ['pytest>=7', 'pytest-timeout', 'tqdm', 'matplotlib']
+
+setup(
+    name='expreplay',
+    version='0.1.0',
+    description='Threaded, memory-frugal experience replay for DQN (tensorpack drop-in)',
+    long_description=open('README.md', encoding='utf-8').read(),
+    long_description_content_type='text/markdown',
+    packages=find_packages(include=['expreplay', 'expreplay.*']),
+    python_requires='>=3.9',
+    install_requires=['numpy>=1.24'],
+    extras_require={
+        'atari': ATARI,
+        'tensorpack': TENSORPACK + ['tqdm'],
+        'test': TEST,
+        'all': ATARI + TENSORPACK + TEST,
+    },
+    license='Apache-2.0',
+)
