@@ -1,0 +1,133 @@
+"""expreplay._gather: both layouts equal plain numpy indexing, for every implementation."""
+import numpy as np
+import pytest
+
+from expreplay import _gather
+from expreplay._gather import gather_frames
+
+N = 40  # ring slots
+
+
+@pytest.fixture(params=['auto', 'numpy', 'ext'])
+def impl(request, monkeypatch):
+    """'auto': whatever gather_frames picks; 'numpy': the extension hidden; 'ext': the C
+    extension (skipped when it is not built)."""
+    if request.param == 'numpy':
+        monkeypatch.setattr(_gather, '_gather_ext', None)
+    if request.param == 'ext' and _gather._gather_ext is None:
+        pytest.skip('C extension expreplay._gather_ext not built')
+    return request.param
+
+
+def reference(frames, idx, layout):
+    batch = frames[idx]  # (B, K, *frame_shape)
+    return batch if layout == 'NCHW' else np.moveaxis(batch, 1, -1)
+
+
+def random_frames(rng, shape, dtype, n=N):
+    return rng.integers(-100 if np.dtype(dtype).kind != 'u' else 0, 100, (n,) + shape).astype(dtype)
+
+
+def history_idx(rng, B, K, n=N):
+    """Rows of consecutive slots, like the replay memory samples, plus a few arbitrary ones."""
+    idx = rng.integers(0, n - K, (B, 1)) + np.arange(K)
+    idx[::3] = rng.integers(0, n, (len(idx[::3]), K))
+    return idx
+
+
+@pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
+@pytest.mark.parametrize('K', [1, 2, 5])
+@pytest.mark.parametrize('dtype', [np.uint8, np.float32, np.int16])
+@pytest.mark.parametrize('shape', [(4,), (6, 7), (5, 6, 3)], ids=['rank1', 'rank2', 'rank3'])
+def test_matches_numpy(impl, shape, dtype, K, layout):
+    rng = np.random.default_rng(0)
+    frames = random_frames(rng, shape, dtype)
+    for B in (1, 7, 64):
+        idx = history_idx(rng, B, K)
+        want = reference(frames, idx, layout)
+        got = gather_frames(frames, idx, layout)
+        assert got.dtype == frames.dtype and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+        out = np.full(want.shape, 7, frames.dtype)
+        assert gather_frames(frames, idx, layout, out=out) is out
+        np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize('K', [2, 3, 4, 5, 6, 7, 8, 9])
+@pytest.mark.parametrize('frame_size', [1, 18, 19, 20, 35, 84 * 84])
+def test_uint8_nhwc_vector_loop_and_tail(impl, K, frame_size):
+    """Cover the extension's 16-pixel loop and its tail for every K it handles (2..8), and check
+    that its overlapping 8-byte stores never write past the end of `out`."""
+    rng = np.random.default_rng(K)
+    frames = random_frames(rng, (frame_size,), np.uint8)
+    idx = history_idx(rng, 5, K)
+    want = reference(frames, idx, 'NHWC')
+    buf = np.full(want.size + 16, 0xAB, np.uint8)
+    out = buf[:want.size].reshape(want.shape)
+    gather_frames(frames, idx, 'NHWC', out=out)
+    np.testing.assert_array_equal(out, want)
+    assert (buf[want.size:] == 0xAB).all()
+
+
+@pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
+def test_indices_like_numpy(impl, layout):
+    frames = random_frames(np.random.default_rng(1), (6, 7), np.uint8)
+    idx = np.array([[-1, 0, 1, 2, 3], [N - 1, -N, 5, 6, 7]])
+    np.testing.assert_array_equal(gather_frames(frames, idx, layout), reference(frames, idx, layout))
+    np.testing.assert_array_equal(gather_frames(frames, idx.astype(np.int32) % N, layout),
+                                  reference(frames, idx % N, layout))
+    for bad in (N, -N - 1):
+        with pytest.raises(IndexError):
+            gather_frames(frames, np.array([[0, 1, 2, 3, bad]]), layout)
+
+
+@pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
+def test_bad_out_raises(layout):
+    frames = np.zeros((N, 6, 7), np.uint8)
+    idx = np.zeros((4, 5), np.int64)
+    good = gather_frames(frames, idx, layout)
+    for bad in (np.zeros(good.shape, np.float32),                 # dtype
+                np.zeros(good.shape[:-1] + (4,), np.uint8),        # shape
+                np.zeros((4, 5, 6 * 7), np.uint8),                 # same size, other shape
+                np.zeros(good.shape[::-1], np.uint8).T,            # not C-contiguous
+                good.tolist()):                                    # not an array
+        with pytest.raises(ValueError, match='out'):
+            gather_frames(frames, idx, layout, out=bad)
+    readonly = np.zeros(good.shape, np.uint8)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match='out'):
+        gather_frames(frames, idx, layout, out=readonly)
+
+
+def test_bad_arguments_raise():
+    frames = np.zeros((N, 6, 7), np.uint8)
+    with pytest.raises(ValueError, match='layout'):
+        gather_frames(frames, np.zeros((4, 5), int), 'NWHC')
+    with pytest.raises(ValueError, match='idx'):
+        gather_frames(frames, np.zeros(5, int))
+    with pytest.raises(ValueError, match='idx'):
+        gather_frames(frames, np.zeros((4, 5)))  # float indices
+    with pytest.raises(ValueError, match='frames'):
+        gather_frames(np.zeros(N, np.uint8), np.zeros((4, 5), int))
+
+
+def test_extension_validates_its_arguments():
+    ext = _gather._gather_ext
+    if ext is None:
+        pytest.skip('C extension expreplay._gather_ext not built')
+    frames = np.zeros((N, 6, 7), np.uint8)
+    out = np.zeros((4, 6, 7, 5), np.uint8)
+    idx = np.zeros((4, 5), np.intp)
+    ext.interleave(frames, idx, out)
+    with pytest.raises(ValueError):
+        ext.interleave(frames, idx.astype(np.int32), out)       # idx not intp
+    with pytest.raises(ValueError):
+        ext.interleave(frames, idx, out[:3])                     # too small
+    with pytest.raises(ValueError):
+        ext.interleave(frames.astype(np.int16), idx, out)        # 2-byte items
+    with pytest.raises(ValueError):
+        ext.interleave(frames, np.zeros((4, 9), np.intp), np.zeros((4, 6, 7, 9), np.uint8))
+    with pytest.raises(IndexError):
+        ext.interleave(frames, np.full((4, 5), N, np.intp), out)
+    with pytest.raises((ValueError, BufferError)):  # numpy refuses the buffer request
+        ext.interleave(frames, idx, out.copy().T)                # not C-contiguous
