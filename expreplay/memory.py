@@ -333,6 +333,56 @@ class ReplayMemory:
         nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
         return np.concatenate([hist, nxt[:, None]], axis=1)
 
+    # ------------------------------------------------------------------ whole episodes
+    def episodes(self):
+        """Yield every complete episode still stored, oldest lanes' blocks first.
+
+        An episode is complete when its first frame (from ``reset()``) and its final step
+        (terminated or truncated) are both still in the memory. Each is a dict of copies:
+        ``observations`` (steps + 1, *state_shape), ``actions`` int32, ``rewards`` float32,
+        ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use.
+        Episodes cut by eviction, abandoned, or still running are skipped.
+        """
+        with self._lock:
+            order = list(self._retired) + list(np.flatnonzero(self._block_state == _ACTIVE))
+            starts = []
+            for block in order:
+                lo = block * self.block_size
+                fill = int(self._block_fill[block])
+                starts.extend(lo + np.flatnonzero(self._epstep[lo:lo + fill] == 0))
+        for start in starts:
+            with self._lock:
+                slots = self._episode_slots(int(start))
+                if slots is None:
+                    continue
+                steps = slots[:-1]
+                episode = dict(
+                    observations=self._frames[slots].copy(),
+                    actions=self._action[steps].copy(),
+                    rewards=self._reward[steps].copy(),
+                    terminations=(self._flags[steps] & _TERMINATED) != 0,
+                    truncations=(self._flags[steps] & _TRUNCATED) != 0)
+            yield episode
+
+    def _episode_slots(self, start):
+        """Slots of the episode whose first frame is ``start``, or None if it is incomplete."""
+        bs = self.block_size
+        slots = [start]
+        slot = start
+        while True:
+            flags = int(self._flags[slot])
+            if not flags & _HAS_ACTION:
+                return None                       # still running, or abandoned
+            block, offset = divmod(slot, bs)
+            nxt = slot + 1 if offset + 1 < bs else int(self._block_next[block]) * bs
+            if nxt < 0 or nxt % bs >= self._block_fill[nxt // bs] \
+                    or self._epstep[nxt] != self._epstep[slot] + 1:
+                return None
+            slots.append(nxt)
+            if flags & (_TERMINATED | _TRUNCATED):
+                return np.array(slots)
+            slot = nxt
+
     # ------------------------------------------------------------------ checkpoints
     _SAVED_ARRAYS = ('_frames', '_action', '_reward', '_epstep', '_flags', '_block_fill',
                      '_block_prev', '_block_next', '_block_prev_intact', '_block_state',

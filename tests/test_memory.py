@@ -460,3 +460,28 @@ def test_save_killed_halfway_leaves_previous_checkpoint(tmp_path):
     loaded = ReplayMemory.load(path)
     np.testing.assert_array_equal(loaded._frames, mem._frames)
     assert len(loaded) == len(mem)
+
+
+def test_episodes_yields_exactly_the_complete_stored_episodes():
+    rng = np.random.default_rng(3)
+    mem = ReplayMemory(150, FRAME_SHAPE, 4, block_size=8)
+    model = StreamModel()
+    writers, total = write_random_stream(mem, 3, 400, rng, model)
+    seen = set()
+    for ep in mem.episodes():
+        n = len(ep['actions'])
+        assert ep['observations'].shape == (n + 1,) + FRAME_SHAPE
+        ids = [decode(f) for f in ep['observations']]
+        lane, episode, t0 = ids[0]
+        assert t0 == 0 and ids == [(lane, episode, t) for t in range(n + 1)]
+        assert model.steps[(lane, episode)] == n and (lane, episode) in model.ending
+        assert ep['actions'].tolist() == [action_of(lane, episode, t) for t in range(n)]
+        assert ep['rewards'].tolist() == [reward_of(lane, episode, t) for t in range(n)]
+        kind = model.ending[(lane, episode)]
+        assert ep['terminations'].tolist() == [False] * (n - 1) + [kind == 'terminated']
+        assert ep['truncations'].tolist() == [False] * (n - 1) + [kind == 'truncated']
+        seen.add((lane, episode))
+    # Every ended episode whose first frame is among the recent writes is reported.
+    keep = mem.num_slots - 2 * (3 + 1) * mem.block_size
+    recent = {k for k in model.ending if model.slot_seq[(k[0], k[1], 0)] > total - keep}
+    assert recent and recent <= seen
