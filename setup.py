@@ -4,6 +4,9 @@ from setuptools import Extension, find_packages, setup
 
 TENSORPACK = ['tensorflow==2.21.*', 'tf-keras==2.21.*', 'tensorpack==0.11']
 ATARI = ['gymnasium>=1.0', 'ale-py>=0.12', 'opencv-python-headless']
+# minari's HDF5 storage needs h5py (its [hdf5] extra) and imports PIL without requiring it;
+# 0.5.4 is the first release that can store uint8 frames losslessly (jpeg_encoding=False).
+MINARI = ['minari[hdf5]>=0.5.4,<0.6', 'pillow']
 TEST = ['pytest>=7', 'pytest-timeout', 'tqdm', 'matplotlib']
 
 setup(
@@ -21,8 +24,9 @@ setup(
     extras_require={
         'atari': ATARI,
         'tensorpack': TENSORPACK + ['tqdm'],
+        'minari': MINARI,
         'test': TEST,
-        'all': ATARI + TENSORPACK + TEST,
+        'all': ATARI + TENSORPACK + MINARI + TEST,
     },
     license='Apache-2.0',
 )

@@ -17,6 +17,8 @@ _LAZY = {
     'EnvRunnerManager': '.runner',
     'ExpReplay': '.tensorpack_io',
     'ReplayStream': '.stream',
+    'export_minari': '.minari_io',
+    'load_minari': '.minari_io',
 }
 
 __all__ = ['Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
