@@ -17,18 +17,20 @@ trainer (PyTorch, JAX, TF2 eager, plain numpy)::
 
 The ratio of sampled to inserted transitions
 ============================================
-After each batch the stream hands it out, it requests ``update_frequency`` environment steps
-(each inserts one transition per environment stepped; a vector-env runner steps all of its
-sub-environments at once). In the steady state that is ``batch_size`` sampled transitions per
-``update_frequency`` inserted ones: ``batch_size / update_frequency`` samples per inserted
-transition (16 for DQN's 64 / 4), the replay ratio of the Nature DQN.
+After handing out each batch the stream makes ``update_frequency`` step requests; a request
+steps one runner once, inserting one transition (``num_envs`` of them for a vector-env runner).
+So, past the initial fill, the stream keeps exactly
 
-Requests are executed asynchronously by the simulator threads, at most ``maximum_staleness``
-of them pending: when batch ``k`` (counting from 1) is handed out, exactly
-``(k - 1) * update_frequency`` step requests have been made and at least
-``(k - 1) * update_frequency - maximum_staleness`` of them have been executed; the
-initial fill comes on top. A consumer that prefetches batches (tensorpack's ``QueueInput``
-keeps up to 50) trains that many batches behind the stream, which does not change the ratio.
+    sampled : inserted = batch_size : update_frequency      (x num_envs for vector-env runners)
+
+``batch_size / update_frequency`` samples per inserted transition: 16 for tensorpack's DQN example
+(64 / 4), 8 for the Nature DQN (32 / 4). Requests run asynchronously in the simulator threads
+with at most ``maximum_staleness`` pending, so the bound is exact: when batch ``k`` (from 1) is
+handed out, ``fill_steps + (k - 1) * update_frequency`` requests have been made, and all but at
+most ``maximum_staleness`` of them are in the memory (with one player they run inline: all).
+A consumer that prefetches (tensorpack's ``QueueInput`` queues up to 50 batches) trains that
+many batches behind the stream: the ratio holds, but the environments run up to
+``50 * update_frequency`` steps ahead of the learner.
 """
 
 import logging
@@ -136,18 +138,17 @@ class _Population:
     """
 
     def __init__(self, get_player, num_players, predictor, memory, history_len,
-                 maximum_staleness, seed, runner_kwargs):
+                 maximum_staleness, seed, runner_kwargs, manager_kwargs):
         from .runner import EnvRunner, EnvRunnerManager   # keeps `import expreplay.stream` light
 
         runners = []
         try:
             for index in range(num_players):
-                kwargs = dict(runner_kwargs)
-                if seed is not None:
-                    kwargs.setdefault('seed', seed)
-                    kwargs.setdefault('index', index)
+                # player_factory lets the manager replace a crashed env (max_restarts).
+                kwargs = dict(dict(seed=seed, index=index, player_factory=get_player),
+                              **runner_kwargs)
                 runners.append(EnvRunner(get_player(), predictor, memory, history_len, **kwargs))
-            self.manager = EnvRunnerManager(runners, maximum_staleness)
+            self.manager = EnvRunnerManager(runners, maximum_staleness, **manager_kwargs)
         except BaseException:
             for runner in runners:
                 _close_quietly(runner)
@@ -162,8 +163,7 @@ class _Population:
         return self.manager.reset_stats()
 
     def stats(self):
-        stats = getattr(self.manager, 'stats', None)
-        return dict(stats()) if callable(stats) else {}
+        return self.manager.stats()
 
     def close(self):
         self.manager.close()
@@ -190,37 +190,43 @@ class ReplayStream:
         predictor: the Q-function, ``predictor(states)`` with ``states`` of shape
             ``(n, *state_shape, history_len)`` (channels-last, oldest frame first, dtype
             ``state_dtype``). It returns the Q-values ``(n, num_actions)``, or a list of outputs
-            whose first is the Q-values (tensorpack's convention). It is called from the
-            simulator threads, possibly concurrently: make it thread-safe. ``None`` is allowed
-            while ``exploration`` is 1 (no greedy action is needed); see :meth:`set_predictor`.
+            whose first is the Q-values (tensorpack's convention). With several players it is
+            called from one inference thread (never concurrently), with one player from the
+            thread that iterates. ``None`` is allowed while ``exploration`` is 1 (no greedy
+            action is needed); see :meth:`set_predictor`.
         get_player: a callable returning a new environment (gymnasium, old gym API, or a
-            gymnasium VectorEnv); called ``num_parallel_players`` times.
+            gymnasium VectorEnv); called once per player, and again to replace a player that
+            crashed when ``manager_kwargs`` allows restarts.
         num_parallel_players (int): environments stepped by their own threads.
         state_shape (tuple): shape of one observation frame.
         batch_size (int): transitions per batch.
         memory_size (int): transitions kept in the replay memory.
-        init_memory_size (int): transitions in the memory before the first batch.
+        init_memory_size (int): transitions in the memory before the first batch (at least
+            ``batch_size`` are always collected).
         update_frequency (int): environment steps requested after each batch.
         history_len (int): frames per state.
         state_dtype: dtype of the stored frames.
         maximum_staleness (int): pending step requests allowed; default ``2 * update_frequency``.
         exploration (float): initial epsilon of the epsilon-greedy runners; assign the attribute
-            to change it during training.
-        seed (int): seeds the sampling and, through the runners, the environments.
+            to change it: the next step request carries the new value.
+        seed (int): seeds the sampling and, through the runners, the environments' first resets.
         layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or ``'NCHW'``.
         checkpoint_dir (str): if given, the memory is loaded from it when a checkpoint is there
             (no refill), and :meth:`save_memory` / :meth:`close` save it there.
         memory (ReplayMemory): use this memory instead of building (or loading) one.
-        progress: show the initial fill: True (tqdm), False, or ``progress(total, desc)``
-            returning an object with ``update(n)`` and ``close()``.
-        runner_kwargs (dict): extra keyword arguments for every :class:`~expreplay.EnvRunner`.
+        progress: show the initial fill: True (tqdm, if installed), False, or
+            ``progress(total, desc)`` returning an object with ``update(n)`` and ``close()``.
+        runner_kwargs (dict): extra keyword arguments for every :class:`~expreplay.EnvRunner`
+            (e.g. ``life_loss_terminal=True`` for Atari).
+        manager_kwargs (dict): extra keyword arguments for the
+            :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts``, ``max_inference_batch``).
     """
 
     def __init__(self, predictor, get_player, num_parallel_players, state_shape, batch_size,
                  memory_size, init_memory_size, update_frequency, history_len,
                  state_dtype='uint8', *, maximum_staleness=None, exploration=1.0, seed=None,
                  layout='NHWC', checkpoint_dir=None, memory=None, progress=True,
-                 runner_kwargs=None):
+                 runner_kwargs=None, manager_kwargs=None):
         if not callable(get_player):
             raise TypeError(f"get_player must be a callable returning an environment, got {get_player!r}")
         self.get_player = get_player
@@ -230,9 +236,9 @@ class ReplayStream:
         self.init_memory_size = _int_at_least(init_memory_size, 'init_memory_size', 0)
         self.update_frequency = _int_at_least(update_frequency, 'update_frequency', 1)
         self.history_len = _int_at_least(history_len, 'history_len', 1)
-        if self.init_memory_size > self.memory_size:
-            raise ValueError(f"init_memory_size ({self.init_memory_size}) is larger than "
-                             f"memory_size ({self.memory_size})")
+        if max(self.init_memory_size, self.batch_size) > self.memory_size:
+            raise ValueError(f"init_memory_size ({self.init_memory_size}) and batch_size "
+                             f"({self.batch_size}) must not exceed memory_size ({self.memory_size})")
         if maximum_staleness is None:
             maximum_staleness = 2 * self.update_frequency    # as the reference
         self.maximum_staleness = _int_at_least(maximum_staleness, 'maximum_staleness', 1)
@@ -241,10 +247,11 @@ class ReplayStream:
         self.layout = layout
         self.state_shape = tuple(state_shape)
         self.state_dtype = np.dtype(state_dtype)
-        self.exploration = float(exploration)
+        self.exploration = exploration
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._runner_kwargs = dict(runner_kwargs or {})
+        self._manager_kwargs = dict(manager_kwargs or {})
         self._progress = progress
         self._predictor = PredictorSlot(predictor)
 
@@ -257,14 +264,12 @@ class ReplayStream:
                                   self.state_dtype)
         self.memory = memory
         self.resumed = len(memory) > 0   # True when the memory came with transitions
+        self.fill_steps = 0              # step requests made by the initial fill
 
         self._population = None
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
-        self._fill_steps = 0
-        self._last_stats_time = None
-        self._last_stats_written = 0
 
     # ------------------------------------------------------------------ predictor
     @property
@@ -298,37 +303,39 @@ class ReplayStream:
                 return
             self._population = _Population(
                 self.get_player, self.num_parallel_players, self._predictor, self.memory,
-                self.history_len, self.maximum_staleness, self.seed, self._runner_kwargs)
+                self.history_len, self.maximum_staleness, self.seed, self._runner_kwargs,
+                self._manager_kwargs)
         self._fill()
-        self._last_stats_time = time.monotonic()
-        self._last_stats_written = self.memory.num_steps_written
+        self._population.reset_stats()    # statistics windows start with the training
         self._ready.set()
 
     def _fill(self):
-        """Step the runners until the memory holds ``init_memory_size`` transitions.
+        """Request steps until the memory holds ``init_memory_size`` transitions (and a batch).
 
-        Stops early if ``init_memory_size`` steps were inserted and the memory still holds
-        fewer transitions: it is then as full as it gets (every episode's final frame takes a
-        slot without being a transition), and waiting longer would never end.
+        Also stops once that many steps were inserted while the memory still holds fewer
+        transitions: it is then as full as it gets (each episode's final frame takes a slot
+        without being a transition), and waiting longer would never end.
         """
-        memory, target = self.memory, self.init_memory_size
+        memory = self.memory
+        target = max(self.init_memory_size, self.batch_size)
         if len(memory) >= target:
             return
-        logger.info("Populating the replay memory with exploration=%s ...", self.exploration)
+        logger.info("Filling the replay memory to %d transitions with exploration=%s ...",
+                    target, self.exploration)
         written_at_start = memory.num_steps_written
         bar = self._make_progress(target)
-        shown = len(memory)
+        shown = min(len(memory), target)
         bar.update(shown)
         try:
             while len(memory) < target and memory.num_steps_written - written_at_start < target:
                 if self._closed:
                     return
                 self._population.step(self.exploration)
-                self._fill_steps += 1
-                now = len(memory)
+                self.fill_steps += 1
+                now = min(len(memory), target)
                 if now > shown:
-                    bar.update(min(now, target) - shown)
-                    shown = min(now, target)
+                    bar.update(now - shown)
+                    shown = now
         finally:
             bar.close()
 
@@ -351,8 +358,8 @@ class ReplayStream:
     def close(self, save=True):
         """Stop and join every simulator thread, then save the memory if a checkpoint is set.
 
-        Idempotent. An exception raised by a runner that was not reported yet is raised here,
-        after the threads are stopped and the memory saved.
+        Idempotent. A runner fault that no step request raised yet is raised here, after the
+        threads are stopped and the memory is saved.
         """
         with self._lock:
             if self._closed:
@@ -389,17 +396,23 @@ class ReplayStream:
     def __iter__(self):
         """Yield batches forever (until :meth:`close`); see the class docstring."""
         self.start()
-        return self._batches()
+        return self.batches()
 
-    def _batches(self):
+    def batches(self):
+        """The batch generator behind ``iter(stream)``, without the implicit :meth:`start`.
+
+        For a consumer thread that must not do the fill itself: call :meth:`wait_ready` first.
+        """
         memory, population = self.memory, self._population
+        if population is None:
+            raise RuntimeError("the ReplayStream is not started (or closed): call start()")
         while not self._closed:
             batch = memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
             yield batch
             try:
                 population.step(self.exploration, self.update_frequency)
             except Exception:
-                if self._closed:   # close() from another thread stops the manager under us
+                if self._closed:   # close() from another thread stopped the manager under us
                     return
                 raise
 
@@ -408,34 +421,36 @@ class ReplayStream:
         return self.memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
 
     # ------------------------------------------------------------------ statistics
+    def stats(self):
+        """Figures since the last :meth:`reset_stats` (or the end of the fill), as a flat dict.
+
+        The manager's figures (``games``, ``mean_score``, ``max_score``,
+        ``mean_episode_length``, ``steps``, ``steps_per_sec``, ``inference_calls``,
+        ``mean_inference_batch``, ``queue_depth``, ``restarts``, ...; None where there is no
+        data), plus ``greedy_fraction`` (states predicted per step: 1 - the exploration the
+        runners applied), ``memory_transitions``, ``memory_fill`` (fraction of
+        ``memory_size``) and ``fill_steps`` (0 when a resumed memory needed no fill).
+        """
+        population = self._population
+        out = dict(population.stats()) if population is not None else {}
+        steps, calls = out.get('steps'), out.get('inference_calls')
+        if steps and calls is not None:
+            # States sent to the predictor per step taken: the share of greedy actions, i.e.
+            # 1 - the exploration the runners actually applied in this window.
+            rows = calls * (out.get('mean_inference_batch') or 0.0)
+            out['greedy_fraction'] = min(1.0, rows / steps)
+        out['memory_transitions'] = len(self.memory)
+        out['memory_fill'] = len(self.memory) / self.memory_size
+        out['fill_steps'] = self.fill_steps
+        return out
+
     def reset_stats(self):
-        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``."""
+        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;
+        starts a new statistics window."""
         population = self._population
         if population is None:
             return None, None
         return population.reset_stats()
-
-    def stats(self):
-        """Figures about the population since the previous call, as a flat dict of numbers.
-
-        Always present: ``env_steps_per_sec`` (transitions inserted per second since the
-        previous call), ``memory_transitions``, ``memory_fill`` (fraction of ``memory_size``),
-        ``fill_steps`` (steps requested by the initial fill: 0 for a resumed memory). The
-        runners' own figures (games, episode length, queue depth, ...) are merged in.
-        """
-        now = time.monotonic()
-        written = self.memory.num_steps_written
-        out = {}
-        population = self._population
-        if population is not None:
-            out.update(population.stats())
-        if self._last_stats_time is not None and now > self._last_stats_time:
-            out['env_steps_per_sec'] = (written - self._last_stats_written) / (now - self._last_stats_time)
-        self._last_stats_time, self._last_stats_written = now, written
-        out['memory_transitions'] = len(self.memory)
-        out['memory_fill'] = len(self.memory) / self.memory_size
-        out['fill_steps'] = self._fill_steps
-        return out
 
     def save_memory(self):
         """Save the memory to the checkpoint directory now (writers wait while it is written)."""

@@ -1,0 +1,100 @@
+#!/usr/bin/env python
+"""The framework-free replay stream, with a linear Q-function in plain numpy.
+
+No TensorFlow, no PyTorch: ``ReplayStream`` runs the environments in simulator threads, fills the
+replay memory, and hands out numpy batches; the learner here is a linear Q-function trained by
+semi-gradient Q-learning. Swap ``LinearQ`` for a PyTorch / JAX / Keras model and keep the loop.
+
+    python examples/numpy_stream.py --steps 3000
+
+It plays CartPole-v1 (gymnasium) and prints, every few hundred updates, the mean score of the
+games the runners finished and the stream's statistics. A linear Q-function does not master
+CartPole; the point is the plumbing: the loop below is all a trainer needs.
+"""
+
+import argparse
+import threading
+
+import gymnasium as gym
+import numpy as np
+
+from expreplay import ReplayStream
+
+
+class LinearQ:
+    """Q(s, a) = w_a . [s, 1] over the stacked history, with a frozen copy as the target network."""
+
+    def __init__(self, state_size, num_actions, lr, gamma, seed=0):
+        rng = np.random.default_rng(seed)
+        self.w = rng.normal(0, 0.01, (state_size + 1, num_actions)).astype(np.float32)
+        self.target_w = self.w.copy()
+        self.lr, self.gamma = lr, gamma
+        # The runners read the weights from another thread while we update them: swap whole
+        # arrays under a lock rather than mutating in place under a reader.
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def features(states):
+        flat = states.reshape(len(states), -1).astype(np.float32)
+        return np.concatenate([flat, np.ones((len(flat), 1), np.float32)], axis=1)
+
+    def __call__(self, states):
+        """The predictor the stream calls: states (n, 4, history) -> Q-values (n, actions)."""
+        with self._lock:
+            w = self.w
+        return self.features(states) @ w
+
+    def train(self, comb_state, action, reward, is_over):
+        """One semi-gradient Q-learning step on a batch; returns the mean squared TD error."""
+        state, next_state = comb_state[..., :-1], comb_state[..., 1:]   # frames on the last axis
+        x = self.features(state)
+        target = reward + self.gamma * (~is_over) * (self.features(next_state) @ self.target_w).max(1)
+        td = target - (x @ self.w)[np.arange(len(action)), action]
+        grad = np.zeros_like(self.w)
+        np.add.at(grad.T, action, td[:, None] * x)      # d/dw of -0.5 * td^2, per taken action
+        with self._lock:
+            self.w = self.w + self.lr * grad / len(action)
+        return float(np.mean(td ** 2))
+
+    def update_target(self):
+        self.target_w = self.w.copy()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--steps', type=int, default=3000, help='training updates (batches)')
+    parser.add_argument('--players', type=int, default=2, help='environments, one thread each')
+    parser.add_argument('--seed', type=int, default=0)
+    args = parser.parse_args()
+
+    history = 2
+    q = LinearQ(state_size=4 * history, num_actions=2, lr=1e-3, gamma=0.99, seed=args.seed)
+    stream = ReplayStream(
+        q, lambda: gym.make('CartPole-v1'),
+        num_parallel_players=args.players, state_shape=(4,), state_dtype='float32',
+        batch_size=32, memory_size=20_000, init_memory_size=1_000, update_frequency=4,
+        history_len=history, seed=args.seed)
+
+    # The context manager closes the stream: every simulator thread is joined on the way out.
+    with stream:
+        for step, batch in enumerate(stream):
+            loss = q.train(*batch)
+            # Exploration decays linearly from 1 to 0.05 over the first half of the run; the
+            # runners apply the new value from their next step on.
+            stream.exploration = max(0.05, 1.0 - 2 * step / args.steps)
+            if step % 200 == 0:
+                q.update_target()
+            if step % 500 == 0 or step == args.steps:
+                stats = stream.stats()
+                stream.reset_stats()
+                score = 'n/a' if stats['mean_score'] is None else f"{stats['mean_score']:.1f}"
+                print(f"update {step:5d}  loss {loss:8.4f}  exploration {stream.exploration:.2f}  "
+                      f"games {stats['games']:3d}  mean score {score:>5}  "
+                      f"env steps/s {stats['steps_per_sec']:7.0f}  memory {stats['memory_transitions']}")
+            if step == args.steps:
+                break
+
+
+if __name__ == '__main__':
+    main()

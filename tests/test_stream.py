@@ -1,0 +1,275 @@
+"""ReplayStream: the framework-free population + sampling behind ``for batch in stream``.
+
+Every batch is checked end to end against the scripted envs' logs, the sampled:inserted ratio is
+checked exactly, and shutdown is checked to leave no thread behind. No sleeps: threads are
+synchronised with events and joins.
+"""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from expreplay import ReplayMemory
+from expreplay.runner import RunnerError
+from expreplay.stream import PredictorSlot, ReplayStream
+from scripted_env import OldApiScriptedEnv, ScriptedEnv, check_batch, decode
+
+HISTORY = 3
+OUR_THREADS = ('SimulatorThread', 'InferenceThread')
+
+
+class EnvFactory:
+    """``get_player`` for a stream: numbered scripted envs, remembered for check_batch."""
+
+    def __init__(self, cls=ScriptedEnv, **env_kwargs):
+        self.cls, self.env_kwargs, self.envs = cls, env_kwargs, {}
+        self._lock = threading.Lock()
+
+    def __call__(self):
+        with self._lock:
+            env_id = len(self.envs)
+            env = self.cls(env_id, **self.env_kwargs)
+            self.envs[env_id] = env
+        return env
+
+
+def prefer(action, num_actions=3):
+    """A numpy Q-function whose greedy action is always ``action``; counts the states it saw."""
+    def q_values(states):
+        q_values.rows += len(states)
+        q = np.zeros((len(states), num_actions), np.float32)
+        q[:, action] = 1.0
+        return q
+    q_values.rows = 0
+    return q_values
+
+
+def make_stream(factory, predictor=None, **kwargs):
+    args = dict(num_parallel_players=2, state_shape=(6,), batch_size=16, memory_size=600,
+                init_memory_size=100, update_frequency=4, history_len=HISTORY, seed=0,
+                progress=False)
+    args.update(kwargs)
+    return ReplayStream(predictor, factory, **args)
+
+
+def our_threads():
+    return [t.name for t in threading.enumerate() if t.name.startswith(OUR_THREADS)]
+
+
+def take(iterator, n):
+    return [next(iterator) for _ in range(n)]
+
+
+@pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
+@pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
+def test_batches_are_right_end_to_end(layout, env_cls):
+    factory = EnvFactory(env_cls, episode_lengths=(7, 2, 12), ends=('terminated', 'truncated'))
+    with make_stream(factory, prefer(1), layout=layout, exploration=0.5) as stream:
+        assert len(stream.memory) == 0
+        batches = take(iter(stream), 60)
+        assert len(stream.memory) >= 100
+    for comb_state, action, reward, is_over in batches:
+        if layout == 'NHWC':
+            assert comb_state.shape == (16, 6, HISTORY + 1)
+        else:
+            assert comb_state.shape == (16, HISTORY + 1, 6)
+        assert comb_state.dtype == np.uint8 and reward.dtype == np.float32 and is_over.dtype == bool
+        assert np.issubdtype(action.dtype, np.integer)
+        assert check_batch([comb_state, action, reward, is_over], factory.envs, HISTORY, layout) == 16
+    assert our_threads() == []
+
+
+@pytest.mark.parametrize('players', [1, 3])
+def test_sampled_to_inserted_ratio(players):
+    """When batch k is handed out, exactly fill_steps + (k-1)*update_frequency step requests
+    were made, and all but at most maximum_staleness of them are in the memory."""
+    factory = EnvFactory()
+    stream = make_stream(factory, num_parallel_players=players, update_frequency=4,
+                         maximum_staleness=5, init_memory_size=50)
+    with stream:
+        written = []
+        for k, _ in enumerate(stream, start=1):
+            written.append((k, stream.memory.num_steps_written))
+            if k == 200:
+                break
+    fill = stream.fill_steps
+    assert fill >= 50
+    for k, steps in written:
+        requested = fill + (k - 1) * 4
+        assert requested - 5 <= steps <= requested, (k, steps, requested)
+        if players == 1:   # one runner runs inline: every request is executed at once
+            assert steps == requested
+
+
+def test_exploration_and_predictor_updates_reach_the_runners():
+    factory = EnvFactory(episode_lengths=(1000,))
+    first = prefer(2)
+    with make_stream(factory, first, exploration=1.0, num_parallel_players=2,
+                     maximum_staleness=8) as stream:
+        batches = iter(stream)
+        take(batches, 20)
+        assert first.rows == 0                # exploration 1: not a single greedy action
+        stream.exploration = 0.0
+        take(batches, 20)
+        assert first.rows > 0
+        stream.reset_stats()   # requests made at exploration 1 are done by now
+        second = prefer(1)
+        stream.set_predictor(second)
+        rows_before = first.rows
+        take(batches, 30)
+        assert second.rows > 0 and stream.predictor is second
+        # Requests accepted before the switch may still run with the old predictor.
+        assert first.rows - rows_before <= 8
+        stats = stream.stats()
+        assert stats['greedy_fraction'] >= 0.9   # window edges: a step predicted before the reset
+    # The last steps of every env were all greedy with the second predictor: action 1.
+    for env in factory.envs.values():
+        recent = [rec[0] for (_, t), rec in sorted(env.transitions.items())][-10:]
+        assert recent == [1] * 10, recent
+
+
+def test_close_from_another_thread_ends_the_iteration():
+    factory = EnvFactory()
+    stream = make_stream(factory, prefer(0), exploration=0.5, num_parallel_players=3)
+    got_some = threading.Event()
+    outcome = {}
+
+    def consume():
+        try:
+            for n, _ in enumerate(stream):
+                if n == 20:
+                    got_some.set()
+            outcome['ended'] = True
+        except BaseException as err:   # reported to the test thread
+            outcome['error'] = err
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    assert got_some.wait(30)
+    stream.close()
+    consumer.join(10)
+    assert not consumer.is_alive()
+    assert outcome == {'ended': True}
+    assert our_threads() == []
+    stream.close()   # idempotent
+    with pytest.raises(RuntimeError, match='closed'):
+        stream.start()
+
+
+def test_checkpoint_resumes_without_refilling(tmp_path):
+    factory = EnvFactory()
+    with make_stream(factory, checkpoint_dir=tmp_path, init_memory_size=200) as stream:
+        take(iter(stream), 10)
+    saved = len(stream.memory)
+    assert saved >= 200 and (tmp_path / 'replay_memory.npz').is_file()
+
+    resumed = make_stream(EnvFactory(), checkpoint_dir=tmp_path, init_memory_size=200)
+    assert resumed.resumed and len(resumed.memory) == saved
+    with resumed:
+        take(iter(resumed), 5)
+        assert resumed.fill_steps == 0
+        assert resumed.stats()['fill_steps'] == 0
+    with pytest.raises(ValueError, match='history_len'):
+        make_stream(EnvFactory(), checkpoint_dir=tmp_path, history_len=HISTORY + 1)
+
+
+def test_a_failing_env_surfaces_from_the_iteration():
+    factory = EnvFactory(fail_at_step=80)
+    stream = make_stream(factory, num_parallel_players=2, init_memory_size=50)
+    with pytest.raises(RunnerError) as info:
+        with stream:
+            for _ in stream:
+                pass
+    assert 'scripted failure' in str(info.value.__cause__)
+    assert our_threads() == []
+
+
+def test_memory_argument_and_sample():
+    memory = ReplayMemory(300, (6,), HISTORY)
+    with make_stream(EnvFactory(), memory=memory, memory_size=300, init_memory_size=40) as stream:
+        stream.start()
+        assert stream.memory is memory and len(memory) >= 40
+        written = memory.num_steps_written
+        comb_state = stream.sample()[0]
+        assert comb_state.shape == (16, 6, HISTORY + 1)
+        assert memory.num_steps_written == written   # sample() requests no steps
+
+
+def test_predictor_slot_accepts_both_conventions():
+    q = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert PredictorSlot(lambda s: q)(None)[0] is not None
+    np.testing.assert_array_equal(PredictorSlot(lambda s: q)(None)[0], q)
+    np.testing.assert_array_equal(PredictorSlot(lambda s: [q, 'other'])(None)[0], q)
+    with pytest.raises(RuntimeError, match='no predictor'):
+        PredictorSlot()(None)
+    with pytest.raises(TypeError):
+        PredictorSlot().set(42)
+
+
+def test_bad_arguments_fail_at_construction():
+    with pytest.raises(ValueError, match='init_memory_size'):
+        make_stream(EnvFactory(), init_memory_size=1000, memory_size=500)
+    with pytest.raises(ValueError, match='layout'):
+        make_stream(EnvFactory(), layout='NCWH')
+    with pytest.raises(TypeError, match='get_player'):
+        ReplayStream(None, 'not callable', 1, (6,), 4, 100, 10, 4, 2)
+
+
+def test_stream_does_not_import_tensorflow():
+    code = ("import sys, expreplay.stream, expreplay; expreplay.ReplayStream; "
+            "assert 'tensorflow' not in sys.modules and 'tensorpack' not in sys.modules")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, '-c', code], check=True, cwd=root)
+
+
+def test_first_frames_of_a_batch_are_real_observations():
+    # A cheap sanity check of what the example and README promise: the newest state frame of
+    # every sampled transition is a real observation, never padding.
+    with make_stream(EnvFactory(), init_memory_size=60) as stream:
+        comb_state = next(iter(stream))[0]
+    for frames in np.moveaxis(comb_state, -1, 1):
+        assert decode(frames[-2]) is not None and decode(frames[-1]) is not None
+
+
+def test_numpy_example_runs():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, 'examples', 'numpy_stream.py'),
+                          '--steps', '100'], check=True, cwd=root, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=root))
+    lines = [line for line in out.stdout.splitlines() if line.startswith('update')]
+    assert lines[0].startswith('update     0') and lines[-1].startswith('update   100'), out.stdout
+
+
+def test_vector_env_players_insert_num_envs_per_request():
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+    envs = {}
+
+    def make(env_id):
+        def build():
+            envs[env_id] = ScriptedEnv(env_id, episode_lengths=(6, 9))
+            return envs[env_id]
+        return build
+
+    made = []
+
+    def get_player():
+        base = 3 * len(made)
+        made.append(SyncVectorEnv([make(base + j) for j in range(3)],
+                                  autoreset_mode=AutoresetMode.NEXT_STEP))
+        return made[-1]
+
+    stream = make_stream(get_player, prefer(2), num_parallel_players=1, exploration=0.3,
+                         init_memory_size=60)
+    with stream:
+        for k, batch in enumerate(stream, start=1):
+            check_batch(batch, envs, HISTORY)
+            if k == 30:
+                steps = stream.memory.num_steps_written
+                break
+    # One runner (inline): every request steps its 3 sub-envs; an autoreset step stores nothing.
+    requests = stream.fill_steps + 29 * 4
+    assert 3 * requests * 0.75 <= steps <= 3 * requests
