@@ -23,6 +23,7 @@ This module does not import gymnasium unless it is installed; nothing here impor
 """
 
 import inspect
+import math
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -69,27 +70,47 @@ class EnvAdapter:
     still passes an action for it (any value), which is ignored.
 
     Protocol:
-        ``reset(seed)`` -> list of ``num_envs`` :class:`Reset`: start every sub-environment.
+        ``reset(seed=None, options=None)`` -> list of ``num_envs`` :class:`Reset`: start every
+        sub-environment; ``seed`` is an int (a vector env seeds its sub-envs ``seed + i``), or
+        for a vector env a list of one seed (or None) per sub-environment; ``options`` goes to
+        ``reset(options=...)``.
         ``step(actions)`` -> list of ``num_envs`` events, a :class:`Step`, a :class:`Reset`
         (a vector env in NEXT_STEP autoreset mode resets a finished sub-environment on the
         call after its end and ignores its action), or None (no news for that sub-environment).
         ``reset_finished()`` -> dict {index: :class:`Reset`} for the sub-environments whose
         episode ended in the last ``step`` and that can be reset right now. Called after the
         runner has stored the step, so that a reset failure can not lose a stepped transition.
+        ``reset_finished(starts)`` with ``starts`` = {index: (seed, options)} resets those
+        sub-environments with that seed and those options; only meaningful when
+        ``controls_resets`` is True (the adapter, not the env, decides when to reset).
         ``close()``.
+        ``can_clone_state``, ``clone_state(i, include_rng=False)``,
+        ``restore_state(i, state, prev_action=None)``: emulator snapshots (ALE), for restart
+        points; ``prev_action`` is the action of the step that led to the state.
     """
 
     num_envs = 1
     num_actions = None   # from the action space when it is Discrete, else None
+    controls_resets = True   # False when the env resets finished sub-envs by itself (autoreset)
 
-    def reset(self, seed=None):
+    def reset(self, seed=None, options=None):
         raise NotImplementedError
 
     def step(self, actions):
         raise NotImplementedError
 
-    def reset_finished(self):
+    def reset_finished(self, starts=None):
         return {}
+
+    @property
+    def can_clone_state(self):
+        return False
+
+    def clone_state(self, i, include_rng=False):
+        raise NotImplementedError(f"{type(self).__name__} can not clone emulator states")
+
+    def restore_state(self, i, state, prev_action=None):
+        raise NotImplementedError(f"{type(self).__name__} can not restore emulator states")
 
     def close(self):
         close = getattr(self.player, 'close', None)
@@ -128,15 +149,23 @@ class SingleEnvAdapter(EnvAdapter):
         except (TypeError, ValueError):  # builtins without a signature
             self._reset_takes_seed = False
 
-    def reset(self, seed=None):
+    def reset(self, seed=None, options=None):
         self._done = False
-        return [self._reset(seed)]
+        return [self._reset(seed, options)]
 
-    def _reset(self, seed):
+    def _reset(self, seed, options=None):
         p = self.player
         if self.api == 'gymnasium' or (self.api is None and self._reset_takes_seed):
-            result = p.reset(seed=seed) if seed is not None else p.reset()
+            kwargs = {}
+            if seed is not None:
+                kwargs['seed'] = seed
+            if options is not None:
+                kwargs['options'] = options
+            result = p.reset(**kwargs)
         else:
+            if options is not None:
+                raise TypeError(f"player {_describe(p)} has the old gym API: its reset() takes no "
+                                f"options (got {options!r})")
             if seed is not None and callable(getattr(p, 'seed', None)):
                 p.seed(seed)
             result = p.reset()
@@ -173,11 +202,54 @@ class SingleEnvAdapter(EnvAdapter):
         self._done = terminated or truncated
         return [Step(obs, float(reward), terminated, truncated, _lives_from_info(info))]
 
-    def reset_finished(self):
+    def reset_finished(self, starts=None):
         if not self._done:
             return {}
         self._done = False
-        return {0: self._reset(None)}   # no seed: continue the env's random sequence
+        # Without a start: no seed, so the env continues its own random sequence.
+        seed, options = (starts or {}).get(0, (None, None))
+        return {0: self._reset(seed, options)}
+
+    def _ale(self):
+        # Gymnasium's (and old gym's) Atari envs expose their ALEInterface as `unwrapped.ale`.
+        ale = getattr(getattr(self.player, 'unwrapped', None), 'ale', None)
+        return ale if callable(getattr(ale, 'cloneState', None)) else None
+
+    @property
+    def can_clone_state(self):
+        return self._ale() is not None
+
+    def clone_state(self, i, include_rng=False):
+        ale = self._ale()
+        if ale is None:
+            return super().clone_state(i, include_rng)
+        return ale.cloneState(include_rng=include_rng)
+
+    def restore_state(self, i, state, prev_action=None):
+        ale = self._ale()
+        if ale is None:
+            return super().restore_state(i, state, prev_action)
+        sticky = ale.getFloat('repeat_action_probability')
+        if prev_action is not None and sticky > 0:
+            self._prime_sticky_action(ale, int(prev_action), sticky)
+        ale.restoreState(state)
+
+    def _prime_sticky_action(self, ale, action, sticky):
+        """Make ``action`` the one that sticky actions repeat, as it was when the state was saved.
+
+        ALE keeps that action outside its saved state (``StellaEnvironment::m_actions``, set to
+        NOOP by the reset), so a restore alone would repeat NOOP where the original repeated its
+        last action. Each emulated frame takes the given action with probability ``1 - sticky``:
+        act it until it has taken with certainty (< 1e-9 left); the restore that follows
+        overwrites those frames (and the RNG, if the state holds it).
+        """
+        unwrapped = self.player.unwrapped
+        action_set = getattr(unwrapped, '_action_set', None)
+        if action_set is None:
+            action_set = ale.getMinimalActionSet()
+        frames = 1 if sticky >= 1.0 else min(200, math.ceil(math.log(1e-9) / math.log(sticky)))
+        for _ in range(frames):
+            ale.act(action_set[action])
 
 
 class VectorEnvAdapter(EnvAdapter):
@@ -211,9 +283,29 @@ class VectorEnvAdapter(EnvAdapter):
             raise ValueError(f"player {_describe(player)}: unknown autoreset_mode {mode!r}")
         self._ended = np.zeros(self.num_envs, bool)   # episode ended, no reset seen yet
         self._same_step_resets = {}
+        self.controls_resets = self.mode == 'Disabled'
+        # ale_py's AtariVectorEnv takes seeds as an array over the sub-envs being reset (-1:
+        # unseeded); gymnasium's vector envs as a list over all sub-envs (None: unseeded).
+        self._ale_seeds = type(player).__module__.startswith('ale_py')
 
-    def reset(self, seed=None):
-        obs, info = self.player.reset(seed=seed)
+    def _seed_arg(self, seeds, mask=None):
+        """The ``seed=`` argument of the player's reset for per-sub-env ``seeds`` (or an int)."""
+        if seeds is None or isinstance(seeds, (int, np.integer)):
+            return seeds
+        if len(seeds) != self.num_envs:
+            raise ValueError(f"{len(seeds)} seeds for {self.num_envs} sub-environments")
+        if all(s is None for s in seeds):
+            return None
+        if self._ale_seeds:
+            picked = [s for i, s in enumerate(seeds) if mask is None or mask[i]]
+            return np.array([-1 if s is None else int(s) for s in picked], np.int64)
+        return [None if s is None else int(s) for s in seeds]
+
+    def reset(self, seed=None, options=None):
+        kwargs = {'seed': self._seed_arg(seed)}
+        if options is not None:
+            kwargs['options'] = dict(options)   # a copy: vector envs pop keys from it
+        obs, info = self.player.reset(**kwargs)
         self._ended[:] = False
         self._same_step_resets = {}
         lives = self._lives(info)
@@ -251,18 +343,43 @@ class VectorEnvAdapter(EnvAdapter):
             self._ended[i] = term or trunc
         return events
 
-    def reset_finished(self):
+    def reset_finished(self, starts=None):
         if self.mode == 'SameStep':
             resets, self._same_step_resets = self._same_step_resets, {}
             self._ended[list(resets)] = False
             return resets
         if self.mode == 'Disabled' and self._ended.any():
-            mask = self._ended.copy()
-            obs, info = self.player.reset(options={'reset_mask': mask})
-            lives = self._lives(info)
-            self._ended[:] = False
-            return {int(i): Reset(obs[i], lives[i]) for i in np.flatnonzero(mask)}
+            if not starts:
+                mask = self._ended.copy()
+                obs, info = self.player.reset(options={'reset_mask': mask})
+                lives = self._lives(info)
+                self._ended[:] = False
+                return {int(i): Reset(obs[i], lives[i]) for i in np.flatnonzero(mask)}
+            return self._reset_masked(starts)
         return {}
+
+    def _reset_masked(self, starts):
+        """Reset the ended sub-envs with their own seeds; one reset call per distinct options."""
+        groups = []                       # [(options, [indices])]: options are compared with ==
+        for i in np.flatnonzero(self._ended):
+            seed, options = starts.get(int(i), (None, None))
+            for opts, members in groups:
+                if opts == options:
+                    members.append(int(i))
+                    break
+            else:
+                groups.append((options, [int(i)]))
+        out = {}
+        for options, members in groups:
+            mask = np.zeros(self.num_envs, bool)
+            mask[members] = True
+            seeds = [starts.get(i, (None, None))[0] if mask[i] else None for i in range(self.num_envs)]
+            obs, info = self.player.reset(seed=self._seed_arg(seeds, mask),
+                                          options=dict(options or {}, reset_mask=mask))
+            lives = self._lives(info)
+            self._ended[mask] = False
+            out.update({i: Reset(obs[i], lives[i]) for i in members})
+        return out
 
 
 def _is_vector_env(player):
@@ -335,6 +452,10 @@ class FrameHistory:
         """Append the next frame of slot ``i``'s episode."""
         self._frames[i, :-1] = self._frames[i, 1:]
         self._frames[i, -1] = frame
+
+    def latest(self, i):
+        """The newest frame of slot ``i`` (a view)."""
+        return self._frames[i, -1]
 
     def states(self, indices):
         """Stacked states of the given slots: ``(len(indices), *state_shape, history_len)``."""

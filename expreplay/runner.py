@@ -17,6 +17,7 @@ is what lets the manager put the forward pass in the middle without the runner k
 
 import collections
 import contextlib
+import functools
 import logging
 import numbers
 import threading
@@ -26,6 +27,7 @@ import warnings
 import numpy as np
 
 from .envs import FrameFormat, FrameHistory, Reset, adapt_env
+from .episodes import EpisodeStart, RestartPoint, make_record
 
 __all__ = ['EnvRunner', 'EnvRunnerManager', 'BatchedPredictor',
            'RunnerError', 'EnvError', 'PredictorError', 'ManagerClosed']
@@ -88,19 +90,29 @@ class EnvRunner:
             (the manager's ``max_restarts``) to replace an env that raised. Without it a
             restart resets the same player.
         close_player (bool): :meth:`close` also closes the player.
+        episode_starts (optional): an episode-start scheduler (see :mod:`expreplay.episodes`):
+            ``episode_starts.start(index, env_index, episode_index)`` decides the seed, reset
+            options and possibly a saved state to restore for every reset this runner controls
+            (then ``seed`` seeds only the exploration). None: the behaviour described at
+            ``seed``.
+        on_episode_end (callable, optional): called with the
+            :class:`~expreplay.episodes.EpisodeRecord` of every finished game (all lives),
+            from the thread that steps this runner, after the step is in the memory.
 
     Attributes:
         total_scores (list): score of every game finished (all lives), oldest first; emptied by
             :meth:`EnvRunnerManager.reset_stats`.
         steps (int): environment steps taken (all sub-environments).
         restarts (int): how many times :meth:`restart` replaced or reset the env.
+        episodes_started (dict): episodes started so far per start kind (``'reset'``,
+            ``'restart'``, ``'autoreset'``, ...); read it with :meth:`start_counts`.
 
     Use from one thread at a time.
     """
 
     def __init__(self, player, predictor, memory, history_len, *, seed=None, index=0,
                  num_actions=None, life_loss_terminal=False, player_factory=None,
-                 close_player=True):
+                 close_player=True, episode_starts=None, on_episode_end=None):
         self.predictor = predictor
         self.memory = memory
         self.history_len = int(history_len)
@@ -113,7 +125,18 @@ class EnvRunner:
         self.index = int(index)
         self.life_loss_terminal = bool(life_loss_terminal)
         self._seed = seed
-        self._seeded = seed is None      # True once the seeded first reset is done
+        # True once the seeded first reset is done; a scheduler decides the seeds itself.
+        self._seeded = seed is None or episode_starts is not None
+        if episode_starts is not None and not callable(getattr(episode_starts, 'start', None)):
+            raise TypeError(f"episode_starts must have a start(runner_index, env_index, "
+                            f"episode_index) method, got {type(episode_starts).__name__}")
+        if on_episode_end is not None and not callable(on_episode_end):
+            raise TypeError(f"on_episode_end must be callable, got {on_episode_end!r}")
+        self.episode_starts = episode_starts
+        self.on_episode_end = on_episode_end
+        # Optional scheduler hooks, looked up once: the per-step one costs a call per step.
+        self._observe_step = getattr(episode_starts, 'observe_step', None)
+        self._scheduler_episode_end = getattr(episode_starts, 'episode_end', None)
         # SeedSequence takes non-negative entropy; (seed, index) keeps runners' streams apart.
         self._rng = np.random.default_rng(None if seed is None else [abs(int(seed)), self.index])
         self._player_factory = player_factory
@@ -141,6 +164,14 @@ class EnvRunner:
         self._lives = [None] * n
         self._started = False
         self._pending = None                # (actions, greedy indices) between begin/finish_step
+        # Per sub-env bookkeeping of the current game, for its EpisodeRecord.
+        self._games_started = np.zeros(n, np.int64)   # games started so far (the next index)
+        self._episode_info = [None] * n                 # (index, EpisodeStart, monotonic start)
+        self._life_losses = np.zeros(n, np.int64)
+        self._finished = []                             # records of this step, emitted after it
+        self.episodes_started = {}
+        self._snapshots = [functools.partial(self._snapshot, i) for i in range(n)]
+        self._last_actions = [None] * n
 
     def _attach(self, player):
         adapter = adapt_env(player)
@@ -151,6 +182,10 @@ class EnvRunner:
         if n_act is None:
             raise TypeError(f"player {type(player).__name__} has no Discrete action space; "
                             "pass num_actions=")
+        if getattr(self.episode_starts, 'needs_emulator_state', False) and not adapter.can_clone_state:
+            raise TypeError(f"episode_starts={self.episode_starts!r} restores emulator states, which "
+                            f"player {type(player).__name__} can not do (a single gymnasium ALE env "
+                            "with `unwrapped.ale` can)")
         self.player = player
         self._adapter = adapter
         self.num_envs = adapter.num_envs
@@ -218,12 +253,51 @@ class EnvRunner:
         events = self._env_call('step', self._adapter.step, actions)
         for i, event in enumerate(events):
             if isinstance(event, Reset):
-                self._begin_episode(i, event)      # NEXT_STEP autoreset: the action was ignored
+                # NEXT_STEP autoreset: the action was ignored; the env chose how to start.
+                self._begin_episode(i, event, _AUTORESET)
             elif event is not None:
                 self._record_step(i, int(actions[i]), event)
+        # Every step is stored: now the callbacks may run (and even raise) without losing one.
+        if self._finished:
+            self._emit_records()
         # Only now reset finished envs: a reset failure must not lose a step already taken.
-        for i, event in self._env_call('reset', self._adapter.reset_finished).items():
-            self._begin_episode(i, event)
+        self._reset_finished()
+
+    def _reset_finished(self):
+        adapter = self._adapter
+        planned = None
+        if self.episode_starts is not None and adapter.controls_resets:
+            planned = {i: self._plan(i) for i in np.flatnonzero(~self._open)}
+        if planned:
+            plan = {i: (s.seed, s.options) for i, s in planned.items()}
+            resets = self._env_call('reset', adapter.reset_finished, plan)
+        else:
+            resets = self._env_call('reset', adapter.reset_finished)
+        for i, event in resets.items():
+            if planned:
+                start = planned[i]
+            elif adapter.controls_resets:
+                start = _PLAIN_RESET
+            else:
+                start = _AUTORESET     # SAME_STEP autoreset
+            self._begin_episode(i, self._maybe_restore(i, start, event), start)
+
+    def _plan(self, i):
+        """Ask the scheduler how to start sub-env ``i``'s next game."""
+        start = self.episode_starts.start(self.index, int(i), int(self._games_started[i]))
+        if not isinstance(start, EpisodeStart):
+            raise TypeError(f"episode_starts.start() must return an EpisodeStart, got {start!r}")
+        return start
+
+    def _maybe_restore(self, i, start, event):
+        """After the reset of a restart: restore the saved state, whose first frame is saved."""
+        point = start.restore
+        if point is None:
+            return event
+        self._env_call('restore', self._adapter.restore_state, i, point.state, point.action)
+        # ALE keeps its pre-restore screen until the next act(): the frame saved with the
+        # state is what the observation pipeline produced for it.
+        return Reset(point.frame, point.lives)
 
     def abort_step(self):
         """Forget a :meth:`begin_step` whose Q-values will not come (the predictor failed)."""
@@ -237,15 +311,29 @@ class EnvRunner:
                            f"in {what}: {err!r}") from err
 
     def _reset_all(self):
-        seed = None
-        if not self._seeded:
-            seed = int(self._seed) + self.index * self.num_envs
-            self._seeded = True
-        for i, event in enumerate(self._env_call('reset', self._adapter.reset, seed)):
-            self._begin_episode(i, event)
+        n = self.num_envs
+        if self.episode_starts is not None:
+            starts = [self._plan(i) for i in range(n)]
+            options = [s.options for s in starts]
+            if any(o != options[0] for o in options[1:]):
+                raise ValueError(f"runner {self.index}: a vector env resets all its sub-envs with one "
+                                 f"options dict; the scheduler gave {options}")
+            seeds = starts[0].seed if n == 1 else [s.seed for s in starts]
+            events = self._env_call('reset', self._adapter.reset, seeds, options[0])
+            events = [self._maybe_restore(i, s, e) for i, (s, e) in enumerate(zip(starts, events))]
+        else:
+            seed = None
+            if not self._seeded:
+                seed = int(self._seed) + self.index * n
+                self._seeded = True
+            events = self._env_call('reset', self._adapter.reset, seed)
+            # An int seed starts sub-env i with seed + i (gymnasium's vector convention).
+            starts = [_PLAIN_RESET if seed is None else EpisodeStart(seed + i) for i in range(n)]
+        for i, event in enumerate(events):
+            self._begin_episode(i, event, starts[i])
         self._started = True
 
-    def _begin_episode(self, i, event):
+    def _begin_episode(self, i, event, start):
         frame = self._format(event.obs)
         self._writers[i].start_episode(frame)
         self._history.start(i, frame)
@@ -253,13 +341,45 @@ class EnvRunner:
         self._score[i] = 0.0
         self._length[i] = 0
         self._lives[i] = event.lives
+        self._life_losses[i] = 0
+        self._episode_info[i] = (int(self._games_started[i]), start, time.monotonic())
+        self._games_started[i] += 1
+        with self._stats_lock:
+            self.episodes_started[start.kind] = self.episodes_started.get(start.kind, 0) + 1
+
+    def _snapshot(self, i, include_rng=False):
+        """A :class:`~expreplay.episodes.RestartPoint` of sub-env ``i`` now (between steps)."""
+        state = self._env_call('clone_state', self._adapter.clone_state, i, include_rng)
+        index, _, _ = self._episode_info[i]
+        return RestartPoint(state, self._history.latest(i).copy(), self._lives[i],
+                            self._last_actions[i],
+                            {'runner': self.index, 'env_index': int(i), 'episode': index,
+                             'step': int(self._length[i])})
+
+    def _finish_game(self, i, step):
+        index, start, started_at = self._episode_info[i]
+        self._finished.append(make_record(
+            self.index, i, index, start.seed, start.kind, self._score[i], self._length[i],
+            step.terminated, step.truncated, self._life_losses[i], started_at,
+            options=start.options,
+            restored_from=None if start.restore is None else start.restore.origin))
+
+    def _emit_records(self):
+        records, self._finished = self._finished, []
+        for record in records:
+            if self._scheduler_episode_end is not None:
+                self._scheduler_episode_end(record)
+            if self.on_episode_end is not None:
+                self.on_episode_end(record)
 
     def _record_step(self, i, action, step):
         frame = self._format(step.obs)
         game_over = step.terminated or step.truncated
         lives_before, self._lives[i] = self._lives[i], step.lives
-        life_lost = (self.life_loss_terminal and step.lives is not None
-                     and lives_before is not None and step.lives < lives_before)
+        lost = step.lives is not None and lives_before is not None and step.lives < lives_before
+        life_lost = self.life_loss_terminal and lost
+        if lost:
+            self._life_losses[i] += 1
         # A life loss is terminal for training only; a game both truncated and ended by a life
         # loss counts as terminated (no bootstrapping across a lost life).
         terminated = step.terminated or life_lost
@@ -273,13 +393,18 @@ class EnvRunner:
             with self._stats_lock:
                 self.total_scores.append(float(self._score[i]))
                 self._games.append((float(self._score[i]), int(self._length[i])))
-        elif life_lost:
+            self._finish_game(i, step)
+            return
+        if life_lost:
             # The env goes on from this frame: it is the first frame of the next training
             # episode, so the state after a lost life holds no frames from the previous life.
             self._writers[i].start_episode(frame)
             self._history.start(i, frame)
         else:
             self._history.push(i, frame)
+        if self._observe_step is not None:
+            self._last_actions[i] = action     # for a snapshot: sticky actions repeat it
+            self._observe_step(self.index, i, int(self._length[i]), self._snapshots[i])
 
     # ------------------------------------------------------------------ management
     def pop_games(self, clear_total_scores=False):
@@ -290,6 +415,11 @@ class EnvRunner:
             if clear_total_scores:
                 self.total_scores.clear()
         return games
+
+    def start_counts(self):
+        """A copy of :attr:`episodes_started` (episodes started per start kind). Thread-safe."""
+        with self._stats_lock:
+            return dict(self.episodes_started)
 
     def restart(self):
         """Recover from an :class:`EnvError`: replace the player (``player_factory``) or reset it.
@@ -320,6 +450,11 @@ class EnvRunner:
                 self._adapter.close()
             except Exception as err:
                 logger.warning("closing the player of runner %d raised %r", self.index, err)
+
+
+# How episodes start when no scheduler decides: an unseeded reset, or the env's own autoreset.
+_PLAIN_RESET = EpisodeStart()
+_AUTORESET = EpisodeStart(kind='autoreset')
 
 
 # --------------------------------------------------------------------------- BatchedPredictor

@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 
+from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeTotals
 from .memory import ReplayMemory
 
 __all__ = ['ReplayStream', 'PredictorSlot', 'MemoryCheckpoint']
@@ -168,6 +169,25 @@ class _Population:
     def close(self):
         self.manager.close()
 
+    def start_counts(self):
+        """Episodes started so far per start kind, over all runners."""
+        out = {}
+        for runner in self.runners:
+            for kind, n in runner.start_counts().items():
+                out[kind] = out.get(kind, 0) + n
+        return out
+
+
+class _Fanout:
+    """Calls each of several episode-end callbacks in turn (one runner callback, many jobs)."""
+
+    def __init__(self, callbacks):
+        self.callbacks = [cb for cb in callbacks if cb is not None]
+
+    def __call__(self, record):
+        for callback in self.callbacks:
+            callback(record)
+
 
 def _close_quietly(obj):
     close = getattr(obj, 'close', None)
@@ -220,13 +240,24 @@ class ReplayStream:
             (e.g. ``life_loss_terminal=True`` for Atari).
         manager_kwargs (dict): extra keyword arguments for the
             :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts``, ``max_inference_batch``).
+        episode_starts: an episode-start scheduler shared by all runners (see
+            :mod:`expreplay.episodes`: seed schedules, a curriculum, a restart pool). With
+            :class:`~expreplay.episodes.ProceduralSeeds` two runs with the same base seed and
+            ``num_parallel_players`` play the same episode seeds.
+        episode_log_dir (str): if given, every finished episode is appended to
+            ``<episode_log_dir>/episodes.jsonl`` (:class:`~expreplay.episodes.EpisodeLog`:
+            flushed and fsync'd per episode; a resumed run appends). The attribute of the same
+            name may be changed until :meth:`start`.
+        on_episode_end (callable): called with every :class:`~expreplay.episodes.EpisodeRecord`,
+            from the simulator threads.
     """
 
     def __init__(self, predictor, get_player, num_parallel_players, state_shape, batch_size,
                  memory_size, init_memory_size, update_frequency, history_len,
                  state_dtype='uint8', *, maximum_staleness=None, exploration=1.0, seed=None,
                  layout='NHWC', checkpoint_dir=None, memory=None, progress=True,
-                 runner_kwargs=None, manager_kwargs=None):
+                 runner_kwargs=None, manager_kwargs=None, episode_starts=None,
+                 episode_log_dir=None, on_episode_end=None):
         if not callable(get_player):
             raise TypeError(f"get_player must be a callable returning an environment, got {get_player!r}")
         self.get_player = get_player
@@ -251,6 +282,17 @@ class ReplayStream:
         self.seed = seed
         self._rng = np.random.default_rng(seed)
         self._runner_kwargs = dict(runner_kwargs or {})
+        if episode_starts is not None and self._runner_kwargs.get('episode_starts') is not None:
+            raise ValueError("episode_starts is given twice (also in runner_kwargs)")
+        if on_episode_end is not None and not callable(on_episode_end):
+            raise TypeError(f"on_episode_end must be callable, got {on_episode_end!r}")
+        runner_starts = self._runner_kwargs.pop('episode_starts', None)
+        # `is None`, not `or`: a scheduler may define __len__ (an empty RestartPool is falsy).
+        self.episode_starts = episode_starts if episode_starts is not None else runner_starts
+        self.episode_log_dir = episode_log_dir
+        self.episode_log = None          # the EpisodeLog while started with a log directory
+        self.episode_totals = EpisodeTotals()
+        self._on_episode_end = on_episode_end
         self._manager_kwargs = dict(manager_kwargs or {})
         self._progress = progress
         self._predictor = PredictorSlot(predictor)
@@ -267,6 +309,7 @@ class ReplayStream:
         self.fill_steps = 0              # step requests made by the initial fill
 
         self._population = None
+        self._closed_start_counts = {}
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
@@ -301,10 +344,23 @@ class ReplayStream:
                 raise RuntimeError("the ReplayStream is closed")
             if self._population is not None:
                 return
-            self._population = _Population(
-                self.get_player, self.num_parallel_players, self._predictor, self.memory,
-                self.history_len, self.maximum_staleness, self.seed, self._runner_kwargs,
-                self._manager_kwargs)
+            if self.episode_log_dir is not None:
+                self.episode_log = EpisodeLog(os.path.join(os.fspath(self.episode_log_dir),
+                                                           EPISODE_LOG_FILENAME))
+            runner_kwargs = dict(self._runner_kwargs)
+            runner_kwargs['episode_starts'] = self.episode_starts
+            runner_kwargs['on_episode_end'] = _Fanout([
+                self.episode_totals, self.episode_log, self._on_episode_end,
+                self._runner_kwargs.get('on_episode_end')])
+            try:
+                self._population = _Population(
+                    self.get_player, self.num_parallel_players, self._predictor, self.memory,
+                    self.history_len, self.maximum_staleness, self.seed, runner_kwargs,
+                    self._manager_kwargs)
+            except BaseException:
+                if self.episode_log is not None:
+                    self.episode_log.close()
+                raise
         self._fill()
         self._population.reset_stats()    # statistics windows start with the training
         self._ready.set()
@@ -373,6 +429,10 @@ class ReplayStream:
                 population.close()
             except Exception as err:   # re-raised below, once the memory is safe
                 error = err
+            # Start counts stay readable after close (stats() of a closed stream).
+            self._closed_start_counts = population.start_counts()
+        if self.episode_log is not None:
+            self.episode_log.close()   # after the threads: their last records are in it
         if save and self.checkpoint is not None:
             self.checkpoint.save(self.memory)
         if error is not None:
@@ -429,10 +489,17 @@ class ReplayStream:
         ``mean_inference_batch``, ``queue_depth``, ``restarts``, ...; None where there is no
         data), plus ``greedy_fraction`` (states predicted per step: 1 - the exploration the
         runners applied), ``memory_transitions``, ``memory_fill`` (fraction of
-        ``memory_size``) and ``fill_steps`` (0 when a resumed memory needed no fill).
+        ``memory_size``) and ``fill_steps`` (0 when a resumed memory needed no fill); and totals
+        since the start (not reset by :meth:`reset_stats`): ``episodes_total`` (episodes
+        finished), ``episodes_started_total`` and ``restart_starts`` (episodes started from a
+        restart point, see :class:`~expreplay.episodes.RestartPool`).
         """
         population = self._population
         out = dict(population.stats()) if population is not None else {}
+        starts = population.start_counts() if population is not None else self._closed_start_counts
+        out['episodes_total'] = self.episode_totals.snapshot()['episodes']
+        out['episodes_started_total'] = sum(starts.values())
+        out['restart_starts'] = starts.get('restart', 0)
         steps, calls = out.get('steps'), out.get('inference_calls')
         if steps and calls is not None:
             # States sent to the predictor per step taken: the share of greedy actions, i.e.

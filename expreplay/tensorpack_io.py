@@ -115,13 +115,23 @@ class ExpReplay(DataFlow, Callback):
         manager_kwargs (dict): extra keyword arguments for the
             :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts=3``); ``close_timeout``
             defaults to 60 s here: training ends only once every thread is joined.
+        episode_starts: an episode-start scheduler for all runners (seed schedules, a
+            curriculum, a restart pool: see :mod:`expreplay.episodes`).
+        episode_log_dir (str): where ``episodes.jsonl`` (one record per finished episode,
+            flushed and fsync'd as it finishes) is written. None (default): tensorpack's log
+            directory (``logger.get_logger_dir()``, read when training starts), if one is set;
+            False: no episode log.
+        on_episode_end (callable): called with every
+            :class:`~expreplay.episodes.EpisodeRecord`, from the simulator threads.
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,
     ``env_steps_per_sec``, ``memory_fill`` (fraction of ``memory_size``),
     ``memory_transitions``, ``queue_depth`` (step requests pending), ``mean_inference_batch``
     (states per predictor call), ``greedy_fraction`` (share of greedy actions: 1 - the
-    exploration the runners applied) and ``restarts``.
+    exploration the runners applied) and ``restarts``; and totals since the start of training:
+    ``episodes_total`` (episodes finished) and ``restart_starts`` (episodes started from a
+    restart point).
 
     Faults: an exception in a simulator thread or the predictor fails the training at its next
     step, chained to the original.
@@ -131,7 +141,8 @@ class ExpReplay(DataFlow, Callback):
                  batch_size, memory_size, init_memory_size, update_frequency, history_len,
                  state_dtype='uint8', maximum_staleness=None, *, exploration=1.0, seed=None,
                  layout='NHWC', checkpoint_dir=None, checkpoint_every_k_epochs=None,
-                 runner_kwargs=None, manager_kwargs=None):
+                 runner_kwargs=None, manager_kwargs=None, episode_starts=None,
+                 episode_log_dir=None, on_episode_end=None):
         if callable(predictor_io_names):
             predictor, self.predictor_io_names = predictor_io_names, None
         else:
@@ -153,7 +164,12 @@ class ExpReplay(DataFlow, Callback):
             init_memory_size, update_frequency, history_len, state_dtype,
             maximum_staleness=maximum_staleness, exploration=exploration, seed=seed,
             layout=layout, checkpoint_dir=checkpoint_dir, progress=_tensorpack_progress,
-            runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs)
+            runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs,
+            episode_starts=episode_starts, on_episode_end=on_episode_end,
+            episode_log_dir=episode_log_dir or None)
+        # None: follow tensorpack's log directory, which scripts usually set after building
+        # the dataflow, so it is read in _before_train.
+        self._episode_log_follows_logger = episode_log_dir is None
         self._fault = None            # a simulator fault seen by the DataFlow (EnqueueThread)
         self._fault_raised = False
         if self.stream.resumed:
@@ -220,6 +236,8 @@ class ExpReplay(DataFlow, Callback):
             self.predictor = self.trainer.get_predictor(*self.predictor_io_names)
 
     def _before_train(self):
+        if self._episode_log_follows_logger:
+            self.stream.episode_log_dir = logger.get_logger_dir()
         self.stream.start()
 
     def _trigger_step(self):
@@ -269,9 +287,11 @@ _MONITORED = (
     ('mean_inference_batch', 'mean_inference_batch'),
     ('greedy_fraction', 'greedy_fraction'),
     ('restarts', 'restarts'),
+    ('episodes_total', 'episodes_total'),
+    ('restart_starts', 'restart_starts'),
 )
 
 _STREAM_ATTRIBUTES = frozenset([
     'get_player', 'num_parallel_players', 'state_shape', 'batch_size', 'memory_size',
     'init_memory_size', 'update_frequency', 'history_len', 'state_dtype', 'maximum_staleness',
-    'seed', 'layout', 'checkpoint'])
+    'seed', 'layout', 'checkpoint', 'episode_starts', 'episode_log', 'episode_totals'])

@@ -1,0 +1,597 @@
+"""Episode control and records: where each episode starts, and what became of it.
+
+The acting loop (:class:`expreplay.EnvRunner`) knows nothing about seeds, curricula or saved
+emulator states; it asks an *episode-start scheduler* how to start each episode, and hands every
+finished episode to a callback as an :class:`EpisodeRecord`. This module holds the small objects
+that do those jobs:
+
+* seed schedules: :class:`ProceduralSeeds`, :class:`FixedSeed`, :class:`SeedList`;
+* :class:`Curriculum`: reset options as a function of training progress;
+* :class:`RestartPool`: starts a share of the episodes of ALE envs from emulator states saved
+  in earlier episodes;
+* :class:`EpisodeRecord`, :class:`EpisodeLog` (a crash-safe JSONL writer),
+  :func:`read_episode_log` and :class:`EpisodeTotals` (counters for monitors).
+
+The scheduler protocol
+======================
+An episode-start scheduler is any object with::
+
+    start(runner_index, env_index, episode_index) -> EpisodeStart
+
+called by runner ``runner_index`` before it resets sub-environment ``env_index`` for its game
+number ``episode_index`` (0 for the first; counted per sub-environment, one per ``reset()``, so a
+game of several lives is one episode). It may also have
+
+* ``episode_end(record)``: called with the :class:`EpisodeRecord` of every finished episode;
+* ``observe_step(runner_index, env_index, episode_step, snapshot)``: called after every step
+  that did not end the game; ``snapshot(include_rng=False)`` returns a :class:`RestartPoint` of
+  the sub-environment's current state (only for players that can clone their state: set the
+  attribute ``needs_emulator_state = True`` to have runners refuse other players at once).
+
+One scheduler object is usually shared by all runners (``runner_kwargs`` of the stream), so its
+methods are called from several simulator threads at once: the built-ins are thread-safe, and
+their choices depend only on ``(runner_index, env_index, episode_index)``, never on the order in
+which threads call them, which is what makes two runs with the same seeds play the same episodes.
+
+Cost on ALE: a seeded ``reset(seed=...)`` of a gymnasium ALE env reseeds the emulator by
+reloading the ROM, measured here at ~0.25 s (Pong) to ~0.33 s (Breakout) against ~10-15 ms for
+an unseeded reset (ale-py 0.12.1, 2-core CPU). A schedule that seeds every episode adds that
+per episode; for long training runs, the default (only the first reset seeded, the env's RNG
+continuing) is reproducible per runner too, just not per episode.
+
+Which resets a scheduler controls: every reset of a single environment, and the first reset of
+a vector env (one seed per sub-environment, one ``options`` dict for all) as well as its
+resets in gymnasium's DISABLED autoreset mode. A vector env in NEXT_STEP or SAME_STEP mode
+resets its sub-environments itself; those episodes are recorded with ``start_kind='autoreset'``
+and ``seed=None``, and the scheduler is not consulted for them.
+"""
+
+import collections
+import json
+import os
+import threading
+import time
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+__all__ = ['EpisodeStart', 'RestartPoint', 'EpisodeScheduler', 'ProceduralSeeds', 'FixedSeed',
+           'SeedList', 'SeedsExhausted', 'Curriculum', 'RestartPool', 'EpisodeRecord',
+           'EpisodeLog', 'read_episode_log', 'EpisodeTotals', 'EPISODE_LOG_FILENAME']
+
+EPISODE_LOG_FILENAME = 'episodes.jsonl'
+
+# Seeds handed to reset(): below 2**31, so that envs that keep them in a C int accept them too.
+_SEED_MASK = 0x7FFFFFFF
+
+
+# ------------------------------------------------------------------------------------ starts
+class EpisodeStart(NamedTuple):
+    """How to start one episode.
+
+    Attributes:
+        seed: passed to ``reset(seed=...)``; None resets without a seed (the env continues its
+            own random sequence).
+        options: passed to ``reset(options=...)`` (gymnasium envs only); None for none.
+        kind: recorded as the episode's ``start_kind``: ``'reset'`` for a plain reset,
+            ``'restart'`` for a start from a :class:`RestartPoint` (any string is allowed).
+        restore: a :class:`RestartPoint` to restore right after the reset, or None.
+    """
+    seed: Optional[int] = None
+    options: Optional[dict] = None
+    kind: str = 'reset'
+    restore: Optional['RestartPoint'] = None
+
+
+class RestartPoint(NamedTuple):
+    """A saved emulator state to start episodes from.
+
+    Attributes:
+        state: the emulator state (``ale_py.ALEState`` from ``cloneState``).
+        frame: the observation the runner stored for that state (memory dtype and shape). ALE
+            does not restore its screen buffer with ``restoreState`` (the screen keeps showing
+            the frame before the restore until the next ``act``), so the first frame of a
+            restarted episode is this saved frame, not a render.
+        lives: ``info['lives']`` at that state, or None.
+        action: the action of the step that led to the state (sticky actions repeat it), or None.
+        origin: where it was harvested: ``{'runner', 'env_index', 'episode', 'step'}``
+            (``step``: steps into that episode, which may itself have been a restart).
+    """
+    state: Any
+    frame: np.ndarray
+    lives: Optional[int]
+    action: Optional[int]
+    origin: dict
+
+
+class EpisodeScheduler:
+    """Base class of the built-in schedulers (documents the protocol; subclassing is optional).
+
+    See the module docstring. ``start`` is required; ``episode_end`` and ``observe_step`` are
+    optional hooks (the base class has no ``observe_step``, so runners skip the per-step call).
+    """
+
+    needs_emulator_state = False
+
+    def start(self, runner_index, env_index, episode_index):
+        raise NotImplementedError
+
+    def episode_end(self, record):
+        """Called with every finished episode's :class:`EpisodeRecord` (default: nothing)."""
+
+
+def _check_seed(seed, what='seed'):
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{what} must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
+def _copy(options):
+    # Each episode gets its own dict: envs may modify the one they are given (gymnasium's
+    # vector envs pop keys), and the records keep it.
+    return None if options is None else dict(options)
+
+
+def _check_options(options):
+    if options is not None and not isinstance(options, dict):
+        raise TypeError(f"options must be a dict or None, got {type(options).__name__}")
+    return options
+
+
+# ------------------------------------------------------------------------------ seed schedules
+class ProceduralSeeds(EpisodeScheduler):
+    """A new seed for every episode, derived from ``base_seed`` and where the episode is played.
+
+    Episode ``e`` of sub-environment ``env_index`` of runner ``runner_index`` is reset with a
+    seed drawn from ``numpy.random.SeedSequence([base_seed, runner_index, env_index, e])``: the
+    same in every run with the same base seed and runner layout, whatever the thread timing,
+    and (with overwhelming probability) different for every episode of the run.
+
+    Args:
+        base_seed (int): non-negative.
+        options (dict, optional): reset options for every episode.
+    """
+
+    def __init__(self, base_seed, options=None):
+        self.base_seed = _check_seed(base_seed, 'base_seed')
+        self.options = _check_options(options)
+
+    def seed_for(self, runner_index, env_index, episode_index):
+        """The seed of that episode (what :meth:`start` uses)."""
+        entropy = [self.base_seed, int(runner_index), int(env_index), int(episode_index)]
+        return int(np.random.SeedSequence(entropy).generate_state(1)[0]) & _SEED_MASK
+
+    def start(self, runner_index, env_index, episode_index):
+        return EpisodeStart(self.seed_for(runner_index, env_index, episode_index), _copy(self.options))
+
+    def __repr__(self):
+        return f"ProceduralSeeds({self.base_seed})"
+
+
+class FixedSeed(EpisodeScheduler):
+    """The same seed for every episode of every runner (each episode replays the same start).
+
+    Args:
+        seed (int): non-negative.
+        options (dict, optional): reset options for every episode.
+    """
+
+    def __init__(self, seed, options=None):
+        self.seed = _check_seed(seed)
+        self.options = _check_options(options)
+
+    def start(self, runner_index, env_index, episode_index):
+        return EpisodeStart(self.seed, _copy(self.options))
+
+    def __repr__(self):
+        return f"FixedSeed({self.seed})"
+
+
+class SeedsExhausted(RuntimeError):
+    """A :class:`SeedList` with ``cycle=False`` ran out of seeds."""
+
+
+class SeedList(EpisodeScheduler):
+    """Seeds from an explicit list.
+
+    Args:
+        seeds (sequence of int): non-negative, at least one.
+        cycle (bool): after the last seed start over from the first; False raises
+            :class:`SeedsExhausted` from :meth:`start` instead (the runner then fails with it:
+            use this to play a fixed evaluation set exactly once).
+        shared (bool): False (default): every sub-environment of every runner walks the list
+            on its own (its episode ``e`` gets ``seeds[e]``), so the seeds an episode gets do not
+            depend on thread timing. True: one cursor for all, each seed handed out once per
+            cycle to whichever runner resets next (which runner plays which seed then depends on
+            timing, the set of seeds played does not).
+        options (dict, optional): reset options for every episode.
+    """
+
+    def __init__(self, seeds, cycle=True, shared=False, options=None):
+        self.seeds = [_check_seed(s) for s in seeds]
+        if not self.seeds:
+            raise ValueError("seeds is empty")
+        self.cycle = bool(cycle)
+        self.shared = bool(shared)
+        self.options = _check_options(options)
+        self._lock = threading.Lock()
+        self._cursor = 0
+
+    def start(self, runner_index, env_index, episode_index):
+        if self.shared:
+            with self._lock:
+                k = self._cursor
+                self._cursor += 1
+        else:
+            k = int(episode_index)
+        if k >= len(self.seeds) and not self.cycle:
+            who = "all runners" if self.shared else f"runner {runner_index}, env {env_index}"
+            raise SeedsExhausted(f"SeedList: all {len(self.seeds)} seeds used ({who}); "
+                                 "pass cycle=True to start over")
+        return EpisodeStart(self.seeds[k % len(self.seeds)], _copy(self.options))
+
+    def __repr__(self):
+        return f"SeedList({len(self.seeds)} seeds, cycle={self.cycle}, shared={self.shared})"
+
+
+# ---------------------------------------------------------------------------------- curriculum
+class Curriculum(EpisodeScheduler):
+    """Reset options that change with training progress.
+
+    Args:
+        options: either ``options(progress) -> dict or None``, or a list of stages
+            ``[(threshold, options), ...]``: the options of the last stage whose threshold is
+            ``<= progress`` (None before the first).
+        seeds (scheduler, optional): where the seeds come from (e.g. :class:`ProceduralSeeds`);
+            None: reset without a seed.
+        count_env_steps (bool): True (default): :attr:`progress` is the number of environment
+            steps of the episodes finished so far (added up from the records the runners send to
+            :meth:`episode_end`). False: set :attr:`progress` yourself (training steps, epochs, a
+            success rate...); it is read at every episode start.
+
+    Options are chosen when an episode starts, so a new stage reaches each sub-environment at
+    its next reset. The episode records carry the options each episode was started with.
+    """
+
+    def __init__(self, options, seeds=None, count_env_steps=True):
+        if callable(options):
+            self._options_fn = options
+            self.stages = None
+        else:
+            stages = sorted(((float(t), _check_options(o)) for t, o in options), key=lambda s: s[0])
+            if not stages:
+                raise ValueError("options: give a function or at least one (threshold, options) stage")
+            self.stages = stages
+            self._options_fn = self._stage_options
+        self.seeds = seeds
+        self.count_env_steps = bool(count_env_steps)
+        self.progress = 0
+        self._lock = threading.Lock()
+
+    def _stage_options(self, progress):
+        chosen = None
+        for threshold, options in self.stages:
+            if threshold <= progress:
+                chosen = options
+        return chosen
+
+    def options_for(self, progress):
+        """The reset options at this progress."""
+        return _check_options(self._options_fn(progress))
+
+    def start(self, runner_index, env_index, episode_index):
+        seed = None
+        if self.seeds is not None:
+            seed = self.seeds.start(runner_index, env_index, episode_index).seed
+        return EpisodeStart(seed, _copy(self.options_for(self.progress)))
+
+    def episode_end(self, record):
+        if self.count_env_steps:
+            with self._lock:
+                self.progress += record.length
+        hook = getattr(self.seeds, 'episode_end', None)
+        if hook is not None:
+            hook(record)
+
+
+# -------------------------------------------------------------------------------- restart pool
+class RestartPool(EpisodeScheduler):
+    """Starts a share of the episodes of ALE envs from emulator states saved in earlier ones.
+
+    While the runners play, every ``harvest_every``-th step of an episode (steps
+    ``harvest_every``, ``2 * harvest_every``, ...; never a game-over step) is cloned
+    (``ALEInterface.cloneState``) into the pool, with the frame the runner stored for it. At each
+    episode start, with probability ``share`` (when the pool is not empty) the episode starts
+    from a pooled state instead: the env is reset as usual (with the seed and options of
+    ``base``), then the state is restored (``restoreState``), and the runner starts a new
+    episode in the memory whose first frame is the pooled frame. ALE does not restore its screen
+    buffer, so rendering after the restore would show the pre-restore screen, and stepping a
+    NOOP to get a fresh frame would change the trajectory; the frame saved with the state is
+    exactly what the observation pipeline produced for it. Such episodes are recorded with
+    ``start_kind='restart'`` and ``restored_from`` (the point's origin); their score and length
+    count from the restart point, and time-limit wrappers count from it too (they are reset).
+
+    Args:
+        share (float): probability in [0, 1] that an episode starts from the pool.
+        capacity (int): states kept; when full, the oldest is dropped (states stay as fresh as
+            the policy that reached them).
+        harvest_every (int): clone a state every this many steps of each episode.
+        base (scheduler, optional): seeds and options of the resets (of plain starts, and of
+            the reset that precedes a restore); None: reset without a seed.
+        include_rng (bool): clone the emulator's RNG with the state (``cloneState(include_rng=)``).
+            Measured on ale-py 0.12.1 with sticky actions (``repeat_action_probability > 0``):
+            True makes a restart replay the original's sticky-action draws exactly, so every
+            restart from one point repeats the same randomness; False (default) restores the
+            game state only, and the env's own RNG (seeded by the reset) decides, so restarts
+            from one point diverge. Without sticky actions both replay the same frames.
+        seed (int): seeds the start decisions: whether episode ``e`` of ``(runner, env)``
+            restarts, and from which pool entry, are drawn from ``(seed, runner, env, e)``.
+            (The pool's content still depends on thread timing when several runners share it.)
+
+    Only single gymnasium ALE envs (``player.unwrapped.ale``) are supported: a runner with
+    another player refuses this scheduler with TypeError. All runners sharing a pool must play
+    the same game (mode and difficulty). Thread-safe.
+
+    Attributes:
+        harvested (int): states added so far.
+        restarts (int): episodes started from the pool so far.
+    """
+
+    needs_emulator_state = True
+
+    def __init__(self, share=0.25, capacity=64, harvest_every=100, base=None, include_rng=False,
+                 seed=0):
+        share = float(share)
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share must be in [0, 1], got {share}")
+        if int(capacity) < 1 or int(harvest_every) < 1:
+            raise ValueError(f"capacity and harvest_every must be >= 1, got {capacity}, {harvest_every}")
+        self.share = share
+        self.capacity = int(capacity)
+        self.harvest_every = int(harvest_every)
+        self.base = base
+        self.include_rng = bool(include_rng)
+        self.seed = _check_seed(seed)
+        self._pool = collections.deque(maxlen=self.capacity)
+        self._lock = threading.Lock()
+        self.harvested = 0
+        self.restarts = 0
+
+    def __len__(self):
+        with self._lock:
+            return len(self._pool)
+
+    def points(self):
+        """A list of the pooled :class:`RestartPoint` s, oldest first."""
+        with self._lock:
+            return list(self._pool)
+
+    def add(self, point):
+        """Put a :class:`RestartPoint` into the pool (the oldest goes when it is full)."""
+        if not isinstance(point, RestartPoint):
+            raise TypeError(f"expected a RestartPoint, got {type(point).__name__}")
+        with self._lock:
+            self._pool.append(point)
+            self.harvested += 1
+
+    def clear(self):
+        """Empty the pool."""
+        with self._lock:
+            self._pool.clear()
+
+    def start(self, runner_index, env_index, episode_index):
+        plain = (self.base.start(runner_index, env_index, episode_index)
+                 if self.base is not None else EpisodeStart())
+        if self.share <= 0.0:
+            return plain
+        rng = np.random.default_rng([self.seed, int(runner_index), int(env_index), int(episode_index)])
+        if rng.random() >= self.share:
+            return plain
+        with self._lock:
+            if not self._pool:
+                return plain
+            point = self._pool[int(rng.integers(len(self._pool)))]
+            self.restarts += 1
+        return EpisodeStart(plain.seed, plain.options, 'restart', point)
+
+    def observe_step(self, runner_index, env_index, episode_step, snapshot):
+        if episode_step % self.harvest_every == 0:
+            self.add(snapshot(include_rng=self.include_rng))
+
+    def episode_end(self, record):
+        hook = getattr(self.base, 'episode_end', None)
+        if hook is not None:
+            hook(record)
+
+    def __repr__(self):
+        return (f"RestartPool(share={self.share}, capacity={self.capacity}, "
+                f"harvest_every={self.harvest_every}, {len(self)} states)")
+
+
+# ------------------------------------------------------------------------------------- records
+class EpisodeRecord(NamedTuple):
+    """What became of one finished episode (a game: all lives).
+
+    Attributes:
+        runner: the runner's index.
+        env_index: the sub-environment (0 for a single env).
+        episode: the game's index on that sub-environment (0 first; as passed to ``start``).
+        seed: the seed of its reset, or None (unseeded, or an autoreset).
+        start_kind: ``'reset'``, ``'restart'`` (from a :class:`RestartPoint`), ``'autoreset'``
+            (a vector env reset it by itself), or a custom scheduler's kind.
+        score: sum of the rewards (all lives; from the restart point for a restart).
+        length: environment steps.
+        terminated, truncated: how the game ended (the env's flags, not the training ones).
+        life_losses: how many times ``info['lives']`` decreased (0 without lives).
+        wall_time: seconds from the episode's start to its end.
+        steps_per_sec: ``length / wall_time``: the rate this env was stepped at, including the
+            time its runner waited for step requests and predictions.
+        end_time: Unix time of the end.
+        options: the reset options it was started with, or None.
+        restored_from: the origin of the :class:`RestartPoint` of a restart, else None.
+    """
+    runner: int
+    env_index: int
+    episode: int
+    seed: Optional[int]
+    start_kind: str
+    score: float
+    length: int
+    terminated: bool
+    truncated: bool
+    life_losses: int
+    wall_time: float
+    steps_per_sec: float
+    end_time: float = 0.0
+    options: Optional[dict] = None
+    restored_from: Optional[dict] = None
+
+    def to_json(self):
+        """One line of JSON (no newline); options that JSON can not hold are written as repr."""
+        return json.dumps(self._asdict(), default=_json_fallback, allow_nan=True)
+
+    @classmethod
+    def from_dict(cls, data):
+        """The record of a dict read back from a log (unknown keys are ignored)."""
+        return cls(**{k: data[k] for k in cls._fields if k in data})
+
+
+def _json_fallback(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return repr(value)
+
+
+class EpisodeLog:
+    """Appends :class:`EpisodeRecord` s to a JSONL file, one line per episode, crash-safe.
+
+    Every record is written with one ``write`` call, flushed and (by default) ``fsync`` 'd
+    before :meth:`write` returns, so a record that was handed over survives a crash or a
+    ``SIGKILL`` of the process; at worst the last line is cut, which :func:`read_episode_log`
+    skips. The file is opened for appending: a resumed run adds to the same log.
+
+    Thread-safe (several runner threads write through one log). Use it as the runners'
+    ``on_episode_end`` callback (it is callable). Records written after :meth:`close` are
+    dropped: a simulator thread stuck in an env call may finish its episode after shutdown.
+
+    Args:
+        path: the file (its directory is created).
+        fsync (bool): fsync after every record (a disk write per episode, which is cheap next
+            to an episode's length; False leaves it to the OS: a crash of the process still
+            loses nothing, a crash of the machine may).
+    """
+
+    def __init__(self, path, fsync=True):
+        self.path = os.fspath(path)
+        self.fsync = bool(fsync)
+        directory = os.path.dirname(self.path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self._file = open(self.path, 'a', encoding='utf-8')
+        self._lock = threading.Lock()
+        self.records_written = 0
+
+    def write(self, record):
+        """Append one record (an :class:`EpisodeRecord` or a dict); True once it is on disk."""
+        line = (record.to_json() if isinstance(record, EpisodeRecord)
+                else json.dumps(record, default=_json_fallback)) + '\n'
+        with self._lock:
+            if self._file is None:
+                return False
+            self._file.write(line)
+            self._file.flush()
+            if self.fsync:
+                os.fsync(self._file.fileno())
+            self.records_written += 1
+        return True
+
+    __call__ = write
+
+    @property
+    def closed(self):
+        return self._file is None
+
+    def close(self):
+        """Close the file. Idempotent."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        return f"EpisodeLog({self.path!r})"
+
+
+def read_episode_log(path, as_dicts=False):
+    """The records of an episode log, oldest first.
+
+    A last line without its newline (the process died while writing it) is skipped; any other
+    line that is not a JSON object raises ValueError naming the line. ``as_dicts`` returns the
+    parsed dicts instead of :class:`EpisodeRecord` s (e.g. for logs with extra keys).
+    """
+    with open(os.fspath(path), encoding='utf-8') as f:
+        text = f.read()
+    lines = text.split('\n')
+    # The text after the last newline is a record cut by a crash (or '' when there is none).
+    complete, out = lines[:-1], []
+    for number, line in enumerate(complete, 1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}: line {number} is not JSON: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: line {number} is not a JSON object")
+        out.append(data if as_dicts else EpisodeRecord.from_dict(data))
+    return out
+
+
+class EpisodeTotals:
+    """Running totals over :class:`EpisodeRecord` s (a thread-safe ``on_episode_end`` callback).
+
+    Attributes (read with :meth:`snapshot`): ``episodes``, ``steps``, ``life_losses`` and
+    ``by_kind`` (finished episodes per start kind).
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.episodes = 0
+        self.steps = 0
+        self.life_losses = 0
+        self.by_kind = collections.Counter()
+
+    def __call__(self, record):
+        with self._lock:
+            self.episodes += 1
+            self.steps += int(record.length)
+            self.life_losses += int(record.life_losses)
+            self.by_kind[record.start_kind] += 1
+
+    def snapshot(self):
+        """A dict copy of the totals."""
+        with self._lock:
+            return {'episodes': self.episodes, 'steps': self.steps,
+                    'life_losses': self.life_losses, 'by_kind': dict(self.by_kind)}
+
+
+def make_record(runner, env_index, episode, seed, start_kind, score, length, terminated, truncated,
+                life_losses, started_at, options=None, restored_from=None):
+    """Build an :class:`EpisodeRecord` from the runner's counters (``started_at``: monotonic)."""
+    # Floored so that steps_per_sec stays a finite float (valid JSON) for a zero-length clock tick.
+    wall = max(time.monotonic() - started_at, 1e-9)
+    return EpisodeRecord(
+        runner=int(runner), env_index=int(env_index), episode=int(episode),
+        seed=None if seed is None else int(seed), start_kind=str(start_kind), score=float(score),
+        length=int(length), terminated=bool(terminated), truncated=bool(truncated),
+        life_losses=int(life_losses), wall_time=wall,
+        steps_per_sec=length / wall, end_time=time.time(),
+        options=options, restored_from=restored_from)
