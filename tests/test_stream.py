@@ -120,16 +120,21 @@ def test_exploration_and_predictor_updates_reach_the_runners():
         second = prefer(1)
         stream.set_predictor(second)
         rows_before = first.rows
+        # Steps recorded so far; the requests accepted before the switch (at most
+        # maximum_staleness) may still run with the old predictor after it.
+        before = {key: set(env.transitions) for key, env in factory.envs.items()}
         take(batches, 30)
         assert second.rows > 0 and stream.predictor is second
-        # Requests accepted before the switch may still run with the old predictor.
         assert first.rows - rows_before <= 8
         stats = stream.stats()
         assert stats['greedy_fraction'] >= 0.9   # window edges: a step predicted before the reset
-    # The last steps of every env were all greedy with the second predictor: action 1.
-    for env in factory.envs.values():
-        recent = [rec[0] for (_, t), rec in sorted(env.transitions.items())][-10:]
-        assert recent == [1] * 10, recent
+    # Which env took which request depends on thread scheduling, so count over all envs:
+    # every step after the switch acted greedily with the second predictor (action 1),
+    # except at most maximum_staleness requests accepted before it.
+    after = [rec[0] for key, env in factory.envs.items()
+             for k, rec in env.transitions.items() if k not in before.get(key, ())]
+    assert len(after) >= 30 * 4 - 8
+    assert sum(a != 1 for a in after) <= 8, after
 
 
 def test_close_from_another_thread_ends_the_iteration():
