@@ -1,0 +1,264 @@
+#!/usr/bin/env python
+"""DQN / Double DQN / Dueling DQN on Atari with tensorpack and expreplay.ExpReplay.
+
+    python examples/dqn_atari.py --env ALE/Pong-v5                      # train
+    python examples/dqn_atari.py --env ALE/Pong-v5 --memory-size 100000  # fits in ~1 GB of RAM
+    python examples/dqn_atari.py --env ALE/Pong-v5 --vector 4            # ale-py's C++ vector env
+    python examples/dqn_atari.py --env ALE/Pong-v5 --task eval --load train_log/dqn-pong/checkpoint
+    python examples/dqn_atari.py --env ALE/Pong-v5 --task play --load ... --output pong.mp4
+
+This is tensorpack's ``examples/DeepQNetwork/DQN.py`` on gymnasium's ALE, with the replay memory
+from this package: the script builds ``expreplay.ExpReplay`` with the reference's arguments, uses
+it as the trainer's DataFlow and as a callback, and drives its ``exploration`` attribute with
+``ScheduledHyperParamSetter(ObjAttrParam(...))``, exactly as the reference does.
+
+Hyperparameters follow tensorpack's example (Nature DQN): a memory of 1M frames (stored once:
+~7 GB; ``--memory-size`` shrinks it), batch 64, one training step per 4 agent steps, target
+network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agent steps and
+-> 0.01 by 40M, Adam (or tensorpack's RMSProp), Huber loss, rewards clipped to [-1, 1].
+
+Progress: tqdm bars for the memory fill and each epoch; every epoch the monitors print (and
+write to TensorBoard events and ``stats.json`` in the log directory) the training game scores
+(``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
+predicted Q; every ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``.
+``tensorboard --logdir train_log`` shows the curves.
+
+Speed: a training step (batch 64; Double DQN runs the Nature CNN forward three times and
+backward once) takes ~0.35 s on a 2-core CPU: ~3 training steps/s, ~12 agent steps/s. Pong
+needs a few million agent steps: days on such a CPU, hours on a GPU. The replay machinery is
+not the bottleneck here (``tune_staleness.py`` measures it alone).
+"""
+
+import argparse
+import gc
+import os
+
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
+
+from atari_wrappers import FRAME_SHAPE, make_env, make_vector_env  # noqa: E402
+from dqn_model import DQNModel, evaluate, play_episode, tf  # noqa: E402
+from tensorpack import (AutoResumeTrainConfig, Callback, ModelSaver, ObjAttrParam,  # noqa: E402
+                        OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
+                        ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
+                        launch_train_with_config, logger)
+
+import expreplay  # noqa: E402
+
+HISTORY = 4   # frames per state: one frame can not show which way the ball moves
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--env', default='ALE/Pong-v5', help='a gymnasium ALE id, e.g. ALE/Breakout-v5')
+    p.add_argument('--task', choices=['train', 'eval', 'play'], default='train',
+                   help='train; eval: mean/max score of --eval-episodes games; play: record games')
+    p.add_argument('--algo', choices=['DQN', 'Double', 'Dueling'], default='Double')
+    p.add_argument('--load', help='model checkpoint to start from (train) or to use (eval, play)')
+    p.add_argument('--logdir', help='default: train_log/dqn-<game>')
+    p.add_argument('--resume', action='store_true',
+                   help='continue the run in --logdir: latest model checkpoint, saved replay memory, '
+                        'and the exploration/learning-rate schedules at the saved global step')
+    p.add_argument('--seed', type=int, default=0)
+    # The replay memory.
+    p.add_argument('--memory-size', type=int, default=1_000_000,
+                   help='frames in the replay memory, ~7 KB each (1M: ~7 GB; 100k: ~0.7 GB)')
+    p.add_argument('--init-memory-size', type=int,
+                   help='random-policy steps before training (default: memory size / 20, at most 50k)')
+    p.add_argument('--players', type=int, default=3,
+                   help='environments, each stepped by its own simulator thread')
+    p.add_argument('--vector', type=int, default=0, metavar='N',
+                   help='use ale-py AtariVectorEnv with N sub-envs per player instead: they step in '
+                        'C++ threads that release the GIL, which Python-thread players can not')
+    p.add_argument('--maximum-staleness', type=int,
+                   help='step requests that may be pending (default 2 x update frequency; see tune_staleness.py)')
+    p.add_argument('--no-life-loss', action='store_true',
+                   help='do not treat a lost life as terminal for training (scores are per game either way)')
+    p.add_argument('--sticky', type=float, default=0.25,
+                   help='probability the emulator repeats the previous action (v5 default; 0 = Nature DQN)')
+    p.add_argument('--save-memory-every', type=int, default=0, metavar='EPOCHS',
+                   help='also checkpoint the replay memory every k epochs (it is saved when training ends)')
+    # Learning.
+    p.add_argument('--batch-size', type=int, default=64)
+    p.add_argument('--update-frequency', type=int, default=4, help='agent steps per training step')
+    p.add_argument('--target-update', type=int, default=10_000,
+                   help='copy the online network into the target network every N training steps')
+    p.add_argument('--optimizer', choices=['adam', 'rmsprop'], default='adam')
+    p.add_argument('--lr', type=float, help='learning rate (default: 1e-4 Adam, 1e-3 RMSProp as tensorpack); '
+                                            'halved at epoch 60, /10 at epoch 400 as tensorpack')
+    p.add_argument('--exploration-steps', type=int, default=1_000_000,
+                   help='agent steps over which epsilon falls from 1 to 0.1 (then to 0.01 by 40x that)')
+    p.add_argument('--steps-per-epoch', type=int, default=5_000, help='training steps per epoch')
+    p.add_argument('--max-epoch', type=int, default=2_000)
+    # Evaluation and play.
+    p.add_argument('--eval-every', type=int, default=5, help='epochs between greedy evaluations (0: never)')
+    p.add_argument('--eval-episodes', type=int, default=10, help='games per evaluation')
+    p.add_argument('--eval-epsilon', type=float, default=0.01,
+                   help='random actions during evaluation, so that a stuck agent can not play forever')
+    p.add_argument('--max-episode-steps', type=int,
+                   help='cut games after this many agent steps (default: ALE limit, 27k steps)')
+    p.add_argument('--output', help='play: the video (.mp4/.avi) or directory of PNG frames to write')
+    p.add_argument('--play-episodes', type=int, default=1)
+    args = p.parse_args(argv)
+    game = args.env.split('/')[-1].split('-')[0].lower()
+    args.logdir = args.logdir or os.path.join('train_log', f'dqn-{game}')
+    if args.lr is None:
+        args.lr = 1e-3 if args.optimizer == 'rmsprop' else 1e-4
+    if args.init_memory_size is None:
+        args.init_memory_size = min(args.memory_size // 20, 50_000)
+    return args
+
+
+def get_player(args, train=False, render_mode=None):
+    """One preprocessed game; training runs cut nothing short (the ALE caps a game at 27k steps)."""
+    return make_env(args.env, sticky=args.sticky, render_mode=render_mode,
+                    max_episode_steps=None if train else args.max_episode_steps)
+
+
+def build_model(args, num_actions):
+    return DQNModel(FRAME_SHAPE, HISTORY, args.algo, num_actions, network='nature',
+                    state_dtype='uint8', gamma=0.99, learning_rate=args.lr,
+                    optimizer=args.optimizer, reward_clip=1.0, grad_clip=10.0)
+
+
+class Evaluator(Callback):
+    """Greedy (epsilon --eval-epsilon) evaluation on whole games; writes eval/{mean,max}_score."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def _setup_graph(self):
+        self.predictor = self.trainer.get_predictor(['state'], ['Qvalue'])
+
+    def _trigger(self):
+        a = self.args
+        scores = evaluate(lambda: get_player(a), self.predictor, HISTORY, a.eval_episodes,
+                          epsilon=a.eval_epsilon, seed=10**6 + self.epoch_num, progress=True)
+        self.trainer.monitors.put_scalar('eval/mean_score', float(scores.mean()))
+        self.trainer.monitors.put_scalar('eval/max_score', float(scores.max()))
+
+
+def train(args, num_actions):
+    logger.set_logger_dir(args.logdir, action='k' if args.resume else 'd')
+    tf.set_random_seed(args.seed)
+    uf = args.update_frequency
+    if args.vector:
+        # One request steps all N sub-envs of one player: request uf/N of them per batch so
+        # that a training step still sees about uf new transitions (the replay ratio batch/uf).
+        def player():
+            return make_vector_env(args.env, args.vector, sticky=args.sticky)
+        requests_per_batch = max(1, round(uf / args.vector))
+    else:
+        def player():
+            return get_player(args, train=True)
+        requests_per_batch = uf
+    replay = expreplay.ExpReplay(
+        predictor_io_names=(['state'], ['Qvalue']),
+        get_player=player,
+        num_parallel_players=args.players,
+        state_shape=FRAME_SHAPE,
+        batch_size=args.batch_size,
+        memory_size=args.memory_size,
+        init_memory_size=args.init_memory_size,
+        update_frequency=requests_per_batch,
+        history_len=HISTORY,
+        state_dtype='uint8',
+        maximum_staleness=args.maximum_staleness,
+        seed=args.seed,
+        # Saved when training ends (and every k epochs); --resume loads it instead of refilling.
+        checkpoint_dir=args.logdir,
+        checkpoint_every_k_epochs=args.save_memory_every or None,
+        runner_kwargs={'life_loss_terminal': not args.no_life_loss},
+    )
+    callbacks = [
+        ModelSaver(),   # every epoch, into logdir; --resume and --load read it
+        PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=True),
+                        every_k_steps=args.target_update),
+        replay,
+        ScheduledHyperParamSetter('learning_rate', [(0, args.lr), (60, args.lr / 2), (400, args.lr / 10)]),
+        # The schedule counts training steps; one training step is uf agent steps.
+        ScheduledHyperParamSetter(
+            ObjAttrParam(replay, 'exploration'),
+            [(0, 1.0), (args.exploration_steps // uf, 0.1), (40 * args.exploration_steps // uf, 0.01)],
+            interp='linear', step_based=True),
+    ]
+    if args.eval_every:
+        callbacks.append(PeriodicTrigger(Evaluator(args), every_k_epochs=args.eval_every))
+    # AutoResumeTrainConfig loads the latest checkpoint of the log directory and continues the
+    # epoch count (hence the schedules) from its stats.json; the memory came back above.
+    config_class = AutoResumeTrainConfig if args.resume else TrainConfig
+    config = config_class(
+        model=build_model(args, num_actions),
+        # QueueInput as the reference: sampling batches overlaps with training.
+        data=QueueInput(replay),
+        callbacks=callbacks,
+        session_init=SmartInit(args.load) if args.load and not args.resume else None,
+        steps_per_epoch=args.steps_per_epoch,
+        max_epoch=args.max_epoch,
+    )
+    launch_train_with_config(config, SimpleTrainer())
+    # The trainer and its callbacks form reference cycles that hold the emulators; collect
+    # them now, while ale-py can still free them cleanly (else it warns of leaks at exit).
+    del config, callbacks, replay
+    gc.collect()
+
+
+def offline_predictor(args, num_actions):
+    if not args.load:
+        raise SystemExit(f'--task {args.task} needs --load (a checkpoint, e.g. {args.logdir}/checkpoint)')
+    return OfflinePredictor(PredictConfig(
+        model=build_model(args, num_actions), session_init=SmartInit(args.load),
+        input_names=['state'], output_names=['Qvalue']))
+
+
+def play(args, predictor):
+    """Play games with rendering on; write the full-colour frames as a video or as PNGs."""
+    import cv2
+    output = args.output or os.path.join(args.logdir, 'play.mp4')
+    video = output.endswith(('.mp4', '.avi'))
+    os.makedirs(os.path.dirname(os.path.abspath(output)) if video else output, exist_ok=True)
+    writer, count = None, 0
+
+    def write(env):   # frames go straight to disk: a long game would not fit in RAM
+        nonlocal writer, count
+        frame = cv2.cvtColor(env.render(), cv2.COLOR_RGB2BGR)
+        if not video:
+            cv2.imwrite(os.path.join(output, f'{count:06d}.png'), frame)
+        else:
+            if writer is None:
+                fourcc = cv2.VideoWriter_fourcc(*('mp4v' if output.endswith('.mp4') else 'MJPG'))
+                writer = cv2.VideoWriter(output, fourcc, 15, frame.shape[1::-1])   # 60 fps / skip 4
+            writer.write(frame)
+        count += 1
+
+    env = get_player(args, render_mode='rgb_array')
+    for k in range(args.play_episodes):
+        score = play_episode(env, predictor, HISTORY, epsilon=args.eval_epsilon, seed=args.seed + k,
+                             on_frame=write)
+        print(f"game {k}: score {score}")
+    env.close()
+    if writer is not None:
+        writer.release()
+    print(f"wrote {count} frames to {output}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    probe = get_player(args)
+    num_actions = probe.action_space.n
+    probe.close()
+    logger.info(f"{args.env}: {num_actions} actions")
+    if args.task == 'train':
+        train(args, num_actions)
+        return None
+    predictor = offline_predictor(args, num_actions)
+    if args.task == 'play':
+        play(args, predictor)
+        return None
+    scores = evaluate(lambda: get_player(args), predictor, HISTORY, args.eval_episodes,
+                      epsilon=args.eval_epsilon, seed=10**6 + args.seed, progress=True)
+    print(f"mean score {scores.mean():.1f}, max score {scores.max():.1f} over {len(scores)} games")
+    return scores
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,317 @@
+#!/usr/bin/env python
+"""Choose num_parallel_players and maximum_staleness: measure throughput against policy lag.
+
+    python examples/tune_staleness.py --env ALE/Pong-v5 --players 1 2 4 --staleness 1 2 4 8 16
+    python examples/tune_staleness.py --env CartPole-v1 --predictor mlp --train-ms 2
+    python examples/tune_staleness.py --env cheap --predictor numpy --seconds 2   # no TF, seconds
+
+The trade-off. After each batch the learner requests ``update_frequency`` environment steps;
+the simulator threads execute them asynchronously, at most ``maximum_staleness`` requests
+pending. A larger window lets acting overlap learning and lets several players act (and share
+one batched forward pass) at once, so more steps per second reach the memory. The price is
+lag: a request that waits behind others is executed after the learner has moved on, so the
+transition it adds was asked for by an older learner. This script runs the real machinery
+(``ReplayMemory``, ``EnvRunner``, ``EnvRunnerManager``) in a DQN-shaped loop for every
+combination, measures, and writes ``<out>.csv`` and ``<out>.png``.
+
+What is measured, per combination, over ``--seconds`` after ``--warmup``:
+
+* ``steps_per_sec``: transitions written into the replay memory per second.
+* ``updates_per_sec``: learner updates (batches consumed) per second.
+* ``request_lag``: when a step starts executing, how many step requests newer than it were
+  already queued (0 = executed at once; at most ``maximum_staleness - 1``).
+* ``update_lag``: when a step starts executing, how many learner updates happened since it
+  was requested: how many predictor updates behind the newest request the acting step is.
+  The tensorpack predictor reads the live weights, so this is the policy lag of the data.
+
+The learner: each update samples a real batch from the memory and then sleeps ``--train-ms``,
+standing for the training step of a GPU learner (which, like a sleep, does not hold the GIL
+or a CPU core). ``--train-ms 0`` measures how fast the population alone can go.
+
+The recommendation: among the combinations reaching ``--throughput-fraction`` of the best
+steps/s, the one with the smallest mean update lag (ties: fewer players, smaller window).
+"""
+
+import argparse
+import csv
+import itertools
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the sibling example modules
+
+from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory  # noqa: E402
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--env', default='ALE/Pong-v5',
+                   help="a gymnasium id ('ALE/...' ids get the DQN Atari preprocessing), or 'cheap': "
+                        "a built-in env whose step costs --env-ms of sleep (no emulator, no GIL held)")
+    p.add_argument('--vector', type=int, default=0, metavar='N',
+                   help='ALE only: each player is an ale-py AtariVectorEnv of N sub-envs')
+    p.add_argument('--env-ms', type=float, default=0.5, help="'cheap' env: milliseconds per step")
+    p.add_argument('--players', type=int, nargs='+', default=[1, 2, 4],
+                   help='values of num_parallel_players to try (one simulator thread each; a single '
+                        "player is stepped inline in the learner's thread: no queue, no lag)")
+    p.add_argument('--staleness', type=int, nargs='+', default=[1, 2, 4, 8, 16],
+                   help='values of maximum_staleness to try (step requests allowed to be pending)')
+    p.add_argument('--predictor', choices=['auto', 'nature', 'mlp', 'numpy'], default='auto',
+                   help='Q-network the runners call: the Nature CNN or the MLP of the examples '
+                        '(tensorpack, random weights), or a numpy linear map (no TensorFlow); '
+                        'auto: nature for image frames, mlp for vectors')
+    p.add_argument('--train-ms', type=float, default=5.0,
+                   help='simulated learner time per update, in ms (a GPU step; 0: population only)')
+    p.add_argument('--update-frequency', type=int, default=4, help='step requests per learner update')
+    p.add_argument('--batch-size', type=int, default=64, help='transitions sampled per update')
+    p.add_argument('--history', type=int, help='frames per state (default: 4 for images, 1 for vectors)')
+    p.add_argument('--exploration', type=float, default=0.1,
+                   help='epsilon while measuring: the other steps need the predictor')
+    p.add_argument('--memory-size', type=int, default=50_000, help='replay memory capacity')
+    p.add_argument('--init-memory-size', type=int, default=1_000,
+                   help='steps taken before measuring starts (the learner needs a batch to sample)')
+    p.add_argument('--warmup', type=float, default=2.0, help='seconds run before each measurement')
+    p.add_argument('--seconds', type=float, default=10.0, help='seconds measured per combination')
+    p.add_argument('--throughput-fraction', type=float, default=0.9,
+                   help='the recommendation must reach this fraction of the best steps/s')
+    p.add_argument('--out', default='staleness', help='writes <out>.csv and <out>.png')
+    p.add_argument('--seed', type=int, default=0, help='seeds the envs, the runners and the sampling')
+    return p
+
+
+def parse_args(argv=None):
+    return build_parser().parse_args(argv)
+
+
+# ---------------------------------------------------------------------------- environments
+class CheapEnv:
+    """A gymnasium-style env with 4-float observations whose step sleeps ``step_ms``.
+
+    Sleeping (instead of computing) stands for an emulator that releases the GIL, so that the
+    measurement shows the machinery's overhead and its concurrency, not Python's.
+    """
+
+    def __init__(self, step_ms, episode_len=200):
+        import gymnasium as gym
+        self.observation_space = gym.spaces.Box(-1, 1, (4,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.step_s, self.episode_len = step_ms / 1000, episode_len
+        self._rng, self._t = np.random.default_rng(), 0
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+        self._t = 0
+        return self._rng.uniform(-1, 1, 4).astype(np.float32), {}
+
+    def step(self, action):
+        time.sleep(self.step_s)
+        self._t += 1
+        obs = self._rng.uniform(-1, 1, 4).astype(np.float32)
+        return obs, 1.0, False, self._t >= self.episode_len, {}
+
+    def close(self):
+        pass
+
+
+def env_factory(args):
+    """(make_player, frame_shape, dtype, num_actions) for --env."""
+    if args.env == 'cheap':
+        return (lambda: CheapEnv(args.env_ms)), (4,), np.float32, 2
+    if args.env.startswith('ALE/'):
+        from atari_wrappers import FRAME_SHAPE, make_env, make_vector_env
+        probe = make_env(args.env)
+        n = probe.action_space.n
+        probe.close()
+        if args.vector:
+            return (lambda: make_vector_env(args.env, args.vector)), FRAME_SHAPE, np.uint8, n
+        return (lambda: make_env(args.env)), FRAME_SHAPE, np.uint8, n
+    import gymnasium as gym
+    probe = gym.make(args.env)
+    shape, dtype, n = probe.observation_space.shape, probe.observation_space.dtype, probe.action_space.n
+    probe.close()
+    return (lambda: gym.make(args.env)), shape, dtype, n
+
+
+# ---------------------------------------------------------------------------- predictors
+def make_predictor(kind, frame_shape, history, dtype, num_actions, seed):
+    """``predictor(states) -> [q_values]`` for states ``(n, *frame_shape, history)``."""
+    if kind == 'auto':
+        kind = 'nature' if len(frame_shape) >= 2 else 'mlp'
+    if kind == 'numpy':
+        w = np.random.default_rng(seed).standard_normal(
+            (int(np.prod(frame_shape)) * history, num_actions)).astype(np.float32)
+        return lambda states: [states.reshape(len(states), -1).astype(np.float32) @ w]
+    from dqn_model import DQNModel
+    from tensorpack import OfflinePredictor, PredictConfig
+    model = DQNModel(frame_shape, history, 'Double', num_actions, network=kind, state_dtype=dtype)
+    return OfflinePredictor(PredictConfig(model=model, input_names=['state'], output_names=['Qvalue']))
+
+
+# ---------------------------------------------------------------------------- the measurement
+class LagProbe:
+    """Counts step requests as the learner issues them and as the runners start them.
+
+    Requests are taken first-in first-out, so the k-th step started is the k-th requested:
+    the requests issued after it are the queue behind it, and the learner version recorded at
+    its issue gives the updates it lagged.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.version = 0          # learner updates done
+        self.issue_version = []   # learner version when request k was issued
+        self.accepted = 0         # requests the manager accepted (queued or running)
+        self.started = 0
+        self.measuring = False
+        self.request_lags, self.update_lags = [], []
+
+    def issue(self):
+        with self.lock:
+            self.issue_version.append(self.version)
+
+    def accept(self):
+        with self.lock:
+            self.accepted += 1
+
+    def start(self):
+        with self.lock:
+            k = self.started
+            self.started += 1
+            if self.measuring and k < len(self.issue_version):
+                # The learner counts an acceptance just after the manager queued it, so a
+                # thread that starts the newest request at once may see -1: that is 0.
+                self.request_lags.append(max(0, self.accepted - k - 1))
+                self.update_lags.append(self.version - self.issue_version[k])
+
+
+class ProbedRunner(EnvRunner):
+    """An EnvRunner that tells the probe when it starts a requested step."""
+
+    def __init__(self, *args, probe, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.probe = probe
+
+    def begin_step(self, exploration):
+        self.probe.start()
+        return super().begin_step(exploration)
+
+
+def measure(args, make_player, frame_shape, dtype, history, predictor, players, staleness):
+    """Run one combination; returns a dict of figures."""
+    memory = ReplayMemory(args.memory_size, frame_shape, history, dtype)
+    probe = LagProbe()
+    runners = [ProbedRunner(make_player(), predictor, memory, history, seed=args.seed, index=i, probe=probe)
+               for i in range(players)]
+    rng = np.random.default_rng(args.seed)
+    with EnvRunnerManager(runners, staleness) as manager:
+        # Fill with the measuring epsilon, so that the predictor is warm too.
+        while memory.num_steps_written < max(args.init_memory_size, args.batch_size):
+            probe.issue()
+            manager.step(args.exploration)
+            probe.accept()
+
+        def run(seconds):
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                memory.sample_batch(args.batch_size, rng=rng)   # the learner's data
+                if args.train_ms:
+                    time.sleep(args.train_ms / 1000)             # ... and its update
+                with probe.lock:
+                    probe.version += 1
+                for _ in range(args.update_frequency):
+                    probe.issue()
+                    manager.step(args.exploration)
+                    probe.accept()
+
+        run(args.warmup)
+        steps0, version0 = memory.num_steps_written, probe.version
+        probe.measuring = True
+        t0 = time.monotonic()
+        run(args.seconds)
+        elapsed = time.monotonic() - t0
+        probe.measuring = False
+        steps, updates = memory.num_steps_written - steps0, probe.version - version0
+        stats = manager.stats()
+    req, upd = np.array(probe.request_lags or [0]), np.array(probe.update_lags or [0])
+    return dict(players=players, maximum_staleness=staleness,
+                steps_per_sec=steps / elapsed, updates_per_sec=updates / elapsed,
+                request_lag_mean=req.mean(), request_lag_max=int(req.max()),
+                update_lag_mean=upd.mean(), update_lag_max=int(upd.max()),
+                mean_inference_batch=stats.get('mean_inference_batch') or 0.0,
+                seconds=elapsed)
+
+
+def recommend(rows, fraction):
+    best = max(r['steps_per_sec'] for r in rows)
+    ok = [r for r in rows if r['steps_per_sec'] >= fraction * best]
+    return min(ok, key=lambda r: (r['update_lag_mean'], r['players'], r['maximum_staleness'])), best
+
+
+def plot(rows, path, title):
+    import matplotlib
+    matplotlib.use('Agg')   # no display needed
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for p in sorted({r['players'] for r in rows}):
+        rs = sorted((r for r in rows if r['players'] == p), key=lambda r: r['maximum_staleness'])
+        x = [r['maximum_staleness'] for r in rs]
+        ax1.plot(x, [r['steps_per_sec'] for r in rs], 'o-', label=f'{p} player{"s" if p > 1 else ""}')
+        ax2.plot(x, [r['update_lag_mean'] for r in rs], 'o-', label=f'{p} player{"s" if p > 1 else ""}')
+    ticks = sorted({r['maximum_staleness'] for r in rows})
+    for ax in (ax1, ax2):
+        ax.set_xscale('log', base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel('maximum_staleness (step requests allowed pending)')
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    ax1.set_ylabel('environment steps into the memory per second')
+    ax1.set_title('throughput')
+    ax2.set_ylabel('policy lag (learner updates behind, mean)')
+    ax2.set_title('policy lag')
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    make_player, frame_shape, dtype, num_actions = env_factory(args)
+    history = args.history or (4 if len(frame_shape) >= 2 else 1)
+    if args.predictor == 'auto':
+        args.predictor = 'nature' if len(frame_shape) >= 2 else 'mlp'
+    predictor = make_predictor(args.predictor, frame_shape, history, dtype, num_actions, args.seed)
+    rows = []
+    fields = ['players', 'maximum_staleness', 'steps_per_sec', 'updates_per_sec', 'request_lag_mean',
+              'request_lag_max', 'update_lag_mean', 'update_lag_max', 'mean_inference_batch', 'seconds']
+    print(' '.join(f'{f:>10.10s}' for f in fields))
+    for players, staleness in itertools.product(args.players, args.staleness):
+        row = measure(args, make_player, frame_shape, dtype, history, predictor, players, staleness)
+        rows.append(row)
+        print(' '.join(f'{row[f]:10.2f}' if isinstance(row[f], float) else f'{row[f]:10d}' for f in fields),
+              flush=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + '.csv', 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    title = (f"{args.env}{f' x{args.vector}' if args.vector else ''}, predictor {args.predictor}, "
+             f"learner {args.train_ms:g} ms/update, update_frequency {args.update_frequency}")
+    plot(rows, args.out + '.png', title)
+    rec, best = recommend(rows, args.throughput_fraction)
+    print(f"wrote {args.out}.csv and {args.out}.png")
+    print(f"recommendation: num_parallel_players={rec['players']} maximum_staleness={rec['maximum_staleness']}: "
+          f"{rec['steps_per_sec']:.0f} steps/s ({100 * rec['steps_per_sec'] / best:.0f}% of the best, "
+          f"{best:.0f}), policy lag {rec['update_lag_mean']:.2f} updates on average "
+          f"(max {rec['update_lag_max']}), {rec['request_lag_mean']:.2f} queued requests")
+    return rows, rec
+
+
+if __name__ == '__main__':
+    main()
