@@ -1,8 +1,10 @@
 """Population benchmark: steps/s into the replay memory against the raw step rate of the same envs.
 
 Setup (issue 3, item 4): Pong, grayscale 84x84 uint8 frames, frameskip 4, history 4, a
-Nature-DQN CNN predictor on the CPU (TensorFlow 2, a ``tf.function`` on ``(n, 84, 84, 4)`` uint8
-channels-last, random weights), the runners writing into one ``ReplayMemory``.
+Nature-DQN CNN predictor on the CPU (TensorFlow 2: the concrete function of a ``tf.function`` on
+``(n, 84, 84, 4)`` uint8 channels-last, random weights, one intra/inter-op thread by default:
+two threads make no call faster here and take the core a simulator thread needs), the runners
+writing into one ``ReplayMemory`` of ``--memory-size`` steps (wrapping around during the run).
 
 Environments:
 
@@ -24,15 +26,28 @@ What is measured, per round (rounds are repeated; figures are medians over round
   to the memory (``memory.num_steps_written``) over ``--seconds`` after ``--warmup``.
   One runner (a single env, or the vector env) runs inline, so staleness does not apply to it.
 
+- ``unbatched`` (one comparison row, the most runners at exploration 0.1): each runner gets its
+  own wrapper of the predictor, so each has its own BatchedPredictor: concurrent batch-1 calls,
+  as the reference's simulator threads make them.
+
 Ratios are taken within each round: a managed figure is divided by the mean of the raw
 measurements of the same envs taken just before and just after its block of configurations
-(the machine is shared; the load changes). The load average is printed with the figures.
+(the machine is shared; the load changes). The load average and the cores this process can get
+(two GIL-free busy threads, 0.3 s) are printed with the figures.
+
+CPU accounting: process CPU time (every thread: TF's, ALE's C++ threads) per step written, for
+the raw and the managed figures. ``free cores / CPU per managed step`` is the rate the managed
+work could reach if it were spread perfectly over the cores: its ratio to the raw rate bounds
+what any scheduling of that work can achieve.
 
 Targets (issue 3), at exploration 0.1: 8 single-env runners >= 60% of the raw rate of the same
 8 envs (best staleness); the vector-env runner >= 50% of that vector env's raw rate.
 
 Usage: python benchmarks/bench_population.py [--quick] [--repeats 5] [--seconds 2]
        [--runners 1 2 4 8] [--staleness 1 4 8 16] [--exploration 0.1 1.0] [--no-vector]
+       [--no-unbatched] [--tf-threads 1] [--max-load 2 --max-wait 600]
+The default run takes about 8 minutes on 2 cores (plus any wait for the load); exit status 0
+when both targets pass.
 """
 
 import argparse
@@ -113,12 +128,17 @@ def make_predictor(num_actions, tf_threads=1, seed=0):
     return predictor
 
 
-def time_predictor(predictor, batch, reps=30):
+def time_predictor(predictor, batch, reps=20, rounds=5):
+    """Median seconds per call, back to back in this thread, and process CPU seconds per call."""
     x = np.random.default_rng(0).integers(0, 256, (batch,) + FRAME + (HISTORY,), dtype=np.uint8)
-    t = time.perf_counter()
-    for _ in range(reps):
-        predictor(x)
-    return (time.perf_counter() - t) / reps
+    walls, cpus = [], []
+    for _ in range(rounds):
+        c, t = time.process_time(), time.perf_counter()
+        for _ in range(reps):
+            predictor(x)
+        walls.append((time.perf_counter() - t) / reps)
+        cpus.append((time.process_time() - c) / reps)
+    return med(walls), med(cpus)
 
 
 # ---------------------------------------------------------------------------- measurements
@@ -287,9 +307,9 @@ def main():
     venv = None if args.no_vector else make_vector_env(args.vector_envs, args.sticky)
     predictor = make_predictor(num_actions, args.tf_threads, args.seed)
     memory = ReplayMemory(args.memory_size, FRAME, HISTORY)
-    fwd = {b: time_predictor(predictor, b) for b in (1, 8)}
-    print(f"CNN forward: {fwd[1] * 1e3:.2f} ms at batch 1, {fwd[8] * 1e3:.2f} ms at batch 8; "
-          f"TF threads: {args.tf_threads or 'default'}")
+    fwd = {b: time_predictor(predictor, b) for b in (1, 4, 8)}
+    print(f"CNN forward (TF threads: {args.tf_threads or 'default'}), ms per call wall/CPU: " +
+          ', '.join(f"batch {b}: {w * 1e3:.2f}/{c * 1e3:.2f}" for b, (w, c) in fwd.items()))
 
     # Groups of envs, each measured raw before and after its managed configurations:
     # (key, players, [(exploration, staleness or None for inline, unbatched)]).
