@@ -55,7 +55,7 @@ import numpy as np
 
 from ._gather import gather_frames
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter']
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'as_frame']
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
@@ -573,22 +573,7 @@ class LaneWriter:
         mem._num_valid += 1
 
     def _check_obs(self, obs, name):
-        mem = self.memory
-        arr = np.asarray(obs)
-        if arr.shape != mem.state_shape:
-            raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {mem.state_shape}")
-        if arr.dtype != mem.dtype:
-            src, dst = arr.dtype, mem.dtype
-            if dst.kind in 'iub' and src.kind in 'iub':
-                # Integer to integer: allowed when every value fits (no silent wrap-around).
-                info = np.iinfo(dst) if dst.kind != 'b' else None
-                if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
-                    raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
-                                     f"fit the memory dtype {dst}")
-            elif not np.can_cast(src, dst, casting='same_kind'):
-                raise TypeError(f"{name} has dtype {src}, which can not be stored as {dst} "
-                                "without losing data")
-        return arr
+        return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
 
     @staticmethod
     def _check_action(action):
@@ -609,6 +594,30 @@ class LaneWriter:
         if not math.isfinite(value):
             raise ValueError(f"reward must be finite, got {value}")
         return value
+
+
+def as_frame(obs, state_shape, dtype, name):
+    """``obs`` as an array of ``state_shape`` that can be stored as ``dtype`` without loss.
+
+    Raises ValueError (wrong shape, integer values out of range) or TypeError (a lossy dtype,
+    e.g. float to int), naming ``name``. Shared by the writers and the runners' frame format,
+    so one rule decides what may enter the memory.
+    """
+    arr = np.asarray(obs)
+    if arr.shape != state_shape:
+        raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {state_shape}")
+    if arr.dtype != dtype:
+        src = arr.dtype
+        if dtype.kind in 'iub' and src.kind in 'iub':
+            # Integer to integer: allowed when every value fits (no silent wrap-around).
+            info = np.iinfo(dtype) if dtype.kind != 'b' else None
+            if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
+                raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
+                                 f"fit the memory dtype {dtype}")
+        elif not np.can_cast(src, dtype, casting='same_kind'):
+            raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype} "
+                            "without losing data")
+    return arr
 
 
 def _integers(rng, high, size):
