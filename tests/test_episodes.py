@@ -123,8 +123,10 @@ def test_procedural_seeds_reproduce_across_threaded_runs():
     envs_b, rec_b = run_scripted(21)
     a, b = rec_a.by_key(), rec_b.by_key()
     common = set(a) & set(b)
-    # Thread timing decides how many steps each runner took, not what its episodes were.
-    assert len(common) >= 3 * 30
+    # Thread timing decides how many steps each runner took (any idle thread takes the next
+    # request), not what its episodes were: compare the episodes both runs played. The split
+    # among runners varies from run to run, so only ask for a useful number in total.
+    assert len(common) >= 30
     for key in common:
         assert (a[key].seed, a[key].score, a[key].length) == (b[key].seed, b[key].score, b[key].length)
         assert a[key].seed == ProceduralSeeds(21).seed_for(*key)
