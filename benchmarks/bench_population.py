@@ -26,6 +26,11 @@ What is measured, per round (rounds are repeated; figures are medians over round
   to the memory (``memory.num_steps_written``) over ``--seconds`` after ``--warmup``.
   One runner (a single env, or the vector env) runs inline, so staleness does not apply to it.
 
+  Two threading modes for the most runners (8 by default): ``per-runner`` (the default:
+  one simulator thread per runner, a BatchedPredictor) and ``pipelined``
+  (``simulator_threads=1``: one simulator thread steps all runners in two halves, overlapping
+  one half's env steps with the other half's forward pass on an InferenceThread).
+
 - ``unbatched`` (one comparison row, the most runners at exploration 0.1): each runner gets its
   own wrapper of the predictor, so each has its own BatchedPredictor: concurrent batch-1 calls,
   as the reference's simulator threads make them.
@@ -41,11 +46,12 @@ work could reach if it were spread perfectly over the cores: its ratio to the ra
 what any scheduling of that work can achieve.
 
 Targets (issue 3), at exploration 0.1: 8 single-env runners >= 60% of the raw rate of the same
-8 envs (best staleness); the vector-env runner >= 50% of that vector env's raw rate.
+8 envs (best staleness and threading mode); the vector-env runner >= 50% of that vector env's
+raw rate.
 
 Usage: python benchmarks/bench_population.py [--quick] [--repeats 5] [--seconds 2]
        [--runners 1 2 4 8] [--staleness 1 4 8 16] [--exploration 0.1 1.0] [--no-vector]
-       [--no-unbatched] [--tf-threads 1] [--max-load 2 --max-wait 600]
+       [--no-unbatched] [--no-pipelined] [--tf-threads 1] [--max-load 2 --max-wait 600]
 The default run takes about 8 minutes on 2 cores (plus any wait for the load); exit status 0
 when both targets pass.
 """
@@ -181,21 +187,23 @@ def raw_vector(venv, seconds, rng):
 
 
 def managed(players, predictor, memory, staleness, exploration, warmup, seconds, seed=None,
-            unbatched=False):
+            mode=''):
     """steps/s written to ``memory`` by an EnvRunnerManager over ``players``; its stats, with
     ``cpu`` (process CPU seconds per second: cores busy) added.
 
-    ``unbatched``: each runner gets its own wrapper of the predictor, so the manager makes one
-    BatchedPredictor per runner: concurrent batch-1 calls, as the reference's threads do.
+    ``mode``: '' one simulator thread per runner; 'u' (unbatched) the same, but each runner
+    gets its own wrapper of the predictor, so the manager makes one BatchedPredictor per runner:
+    concurrent batch-1 calls, as the reference's threads do; 'p' pipelined, one simulator thread.
     """
     from expreplay import EnvRunner, EnvRunnerManager
-    preds = [(lambda states: predictor(states)) for _ in players] if unbatched else \
+    preds = [(lambda states: predictor(states)) for _ in players] if mode == 'u' else \
         [predictor] * len(players)
     # seed=None: a seeded reset makes ALE reload the ROM (~0.2 s holding the GIL), once per
     # runner; the warm-up also waits until every runner has stepped, so no first reset is timed.
     runners = [EnvRunner(p, pr, memory, HISTORY, seed=seed, index=i, close_player=False)
                for i, (p, pr) in enumerate(zip(players, preds))]
-    with EnvRunnerManager(runners, staleness) as mgr:
+    threads = 1 if mode == 'p' and len(runners) > 1 else None
+    with EnvRunnerManager(runners, staleness, simulator_threads=threads) as mgr:
         step = mgr.step
         deadline = time.perf_counter() + warmup
         while time.perf_counter() < deadline or min(r.steps for r in runners) == 0:
@@ -250,6 +258,9 @@ def wait_for_load(max_load, max_wait, every=30.0):
 
 
 # ---------------------------------------------------------------------------- report
+MODE_NAMES = {'': '', 'p': ' pipelined', 'u': ' unbatched'}
+
+
 def med(xs):
     return float(np.median(xs)) if len(xs) else float('nan')
 
@@ -267,6 +278,8 @@ def main():
     ap.add_argument('--no-unbatched', dest='unbatched', action='store_false',
                     help='skip the comparison row: the most runners at exploration 0.1 with '
                          'concurrent batch-1 predictor calls (reference-style)')
+    ap.add_argument('--no-pipelined', dest='pipelined', action='store_false',
+                    help='skip the pipelined rows (the most runners on one simulator thread)')
     ap.add_argument('--repeats', type=int, default=5, help='rounds (medians are over rounds)')
     ap.add_argument('--seconds', type=float, default=2.0, help='seconds measured per figure')
     ap.add_argument('--warmup', type=float, default=0.5, help='seconds run before each managed figure')
@@ -312,23 +325,25 @@ def main():
           ', '.join(f"batch {b}: {w * 1e3:.2f}/{c * 1e3:.2f}" for b, (w, c) in fwd.items()))
 
     # Groups of envs, each measured raw before and after its managed configurations:
-    # (key, players, [(exploration, staleness or None for inline, unbatched)]).
+    # (key, players, [(exploration, staleness or None for inline, mode)]); mode: see managed().
     groups = []
     for n in runner_counts:
         if n == 1:
-            cfgs = [(e, None, False) for e in explorations]
+            cfgs = [(e, None, '') for e in explorations]
         else:
-            cfgs = [(e, s, False) for e in explorations for s in stalenesses]
+            cfgs = [(e, s, '') for e in explorations for s in stalenesses]
+            if n == max(runner_counts) and args.pipelined:
+                cfgs += [(e, s, 'p') for e in explorations for s in stalenesses]
             if n == max(runner_counts) and args.unbatched and 0.1 in explorations:
                 cfgs.append((0.1, max(s for s in stalenesses if s <= n) if min(stalenesses) <= n
-                             else min(stalenesses), True))
+                             else min(stalenesses), 'u'))
         groups.append((f'{n}', singles[:n], cfgs))
     if venv is not None:
-        groups.append((f'vec{args.vector_envs}', venv, [(e, None, False) for e in explorations]))
+        groups.append((f'vec{args.vector_envs}', venv, [(e, None, '') for e in explorations]))
 
     raw = {g[0]: [] for g in groups}          # per round: mean of the bracketing raw figures
     raw_cpu = {g[0]: [] for g in groups}      # per round: process CPU ms per raw step
-    res = {}                                  # (group, eps, staleness, unbatched) -> {what: [per round]}
+    res = {}                                  # (group, eps, staleness, mode) -> {what: [per round]}
     loads, cores = [], []
     for rnd in range(args.repeats):
         loads.append(load1())
@@ -345,10 +360,10 @@ def main():
 
             before, cpu_before = measure_raw()
             figs = []
-            for eps, s, unb in cfgs:
+            for eps, s, mode in cfgs:
                 r, st = managed([players] if is_vec else players, predictor, memory, s or 1, eps,
-                                args.warmup, args.seconds, unbatched=unb)
-                figs.append(((key, eps, s, unb), r, st))
+                                args.warmup, args.seconds, mode=mode)
+                figs.append(((key, eps, s, mode), r, st))
             after, cpu_after = measure_raw()
             raw_rate = (before + after) / 2
             raw[key].append(raw_rate)
@@ -360,7 +375,7 @@ def main():
                 d['batch'].append(st['mean_inference_batch'] or 0.0)
                 d['cpu'].append(st['cpu'])
                 d['cpu_ms'].append(st['cpu'] / max(r, 1e-9) * 1e3)
-            line = '  '.join(f"{'inline' if k[2] is None else 'S' + str(k[2])}{'u' if k[3] else ''}"
+            line = '  '.join(f"{'inline' if k[2] is None else 'S' + str(k[2])}{k[3]}"
                              f"@{k[1]:g}: {r:.0f}/{st['cpu']:.1f}" for k, r, st in figs)
             print(f"  {key:>5}: raw {before:.0f}/{after:.0f}  {line}", flush=True)
     loads.append(load1())
@@ -388,14 +403,18 @@ def main():
         for key, players, cfgs in groups:
             label = f"vector {args.vector_envs}" if key.startswith('vec') else key
             if any(s is None for _, s, _ in cfgs):
-                print(f"{label:>10} {med(raw[key]):>12.0f}{cell((key, eps, None, False)):>{col}}"
+                print(f"{label:>10} {med(raw[key]):>12.0f}{cell((key, eps, None, '')):>{col}}"
                       f"   (one runner: inline, staleness does not apply)")
                 continue
-            cells = ''.join(f"{cell((key, eps, s, False)):>{col}}" for s in stalenesses)
-            print(f"{label:>10} {med(raw[key]):>12.0f}" + cells)
-            for e2, s2, unb in cfgs:
-                if unb and e2 == eps:
-                    cells = ''.join(f"{cell((key, eps, s, True)) if s == s2 else '':>{col}}" for s in stalenesses)
+            cells = ''.join(f"{cell((key, eps, s, '')):>{col}}" for s in stalenesses)
+            print(f"{label:>10} {med(raw[key]):>12.0f}" + cells + "   (a simulator thread per runner)")
+            if (key, eps, stalenesses[0], 'p') in res:
+                cells = ''.join(f"{cell((key, eps, s, 'p')):>{col}}" for s in stalenesses)
+                print(f"{label + ' pip.':>10} {'':>12}" + cells +
+                      "   (pipelined: simulator_threads=1)")
+            for e2, s2, mode in cfgs:
+                if mode == 'u' and e2 == eps:
+                    cells = ''.join(f"{cell((key, eps, s, 'u')) if s == s2 else '':>{col}}" for s in stalenesses)
                     print(f"{label + ' unb.':>10} {'':>12}" + cells +
                           "   (unbatched: concurrent batch-1 predictor calls, reference-style)")
     # CPU accounting: process CPU time (all threads, TF's and ALE's C++ threads included) per
@@ -414,7 +433,7 @@ def main():
             if k[0] != key or k[2] not in (None, 8 if 8 in stalenesses else max(stalenesses)):
                 continue
             bound = free * 1e3 / med(d['cpu_ms']) / med(raw[key])
-            name = f"{key}{'' if k[2] is None else ' S=' + str(k[2])}{' unb.' if k[3] else ''} eps {k[1]:g}"
+            name = f"{key}{'' if k[2] is None else ' S=' + str(k[2])}{MODE_NAMES[k[3]]} eps {k[1]:g}"
             print(f"{name:>26} {med(d['cpu_ms']):>12.3f} {med(d['cpu']):>11.2f} {bound:>12.2f}")
 
     # ------------------------------------------------------------------ targets
@@ -422,12 +441,13 @@ def main():
     ok_all = True
     big = str(max(runner_counts))
     if 0.1 in explorations and big == '8':
-        best = max(stalenesses, key=lambda s: med(res[(big, 0.1, s, False)]['ratio']))
-        d = res[(big, 0.1, best, False)]
+        best = max(((s, m) for s in stalenesses for m in ('', 'p') if (big, 0.1, s, m) in res),
+                   key=lambda sm: med(res[(big, 0.1) + sm]['ratio']))
+        d = res[(big, 0.1) + best]
         r = med(d['ratio'])
         ok = r >= 0.60
         ok_all &= ok
-        print(f"  8 single-env runners: {r:.2f} of the raw rate of the same 8 envs (best staleness {best}: "
+        print(f"  8 single-env runners: {r:.2f} of the raw rate of the same 8 envs (best: staleness {best[0]}{MODE_NAMES[best[1]]}: "
               f"{med(d['rate']):.0f} vs raw {med(raw[big]):.0f} steps/s)   target >= 0.60   "
               f"{'PASS' if ok else 'FAIL'}")
     else:
@@ -435,7 +455,7 @@ def main():
         ok_all = False
     vkey = f'vec{args.vector_envs}'
     if 0.1 in explorations and venv is not None:
-        d = res[(vkey, 0.1, None, False)]
+        d = res[(vkey, 0.1, None, '')]
         r = med(d['ratio'])
         ok = r >= 0.50
         ok_all &= ok

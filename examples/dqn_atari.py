@@ -65,7 +65,11 @@ def parse_args(argv=None):
     p.add_argument('--init-memory-size', type=int,
                    help='random-policy steps before training (default: memory size / 20, at most 50k)')
     p.add_argument('--players', type=int, default=3,
-                   help='environments, each stepped by its own simulator thread')
+                   help='environments (see --simulator-threads)')
+    p.add_argument('--simulator-threads', type=int, metavar='K',
+                   help='threads stepping the players (default: 1 for single envs, which hold '
+                        'the GIL: one thread overlaps one group\'s env steps with the other '
+                        'group\'s forward pass; one per player with --vector)')
     p.add_argument('--vector', type=int, default=0, metavar='N',
                    help='use ale-py AtariVectorEnv with N sub-envs per player instead: they step in '
                         'C++ threads that release the GIL, which Python-thread players can not')
@@ -168,6 +172,8 @@ def train(args, num_actions):
         checkpoint_dir=args.logdir,
         checkpoint_every_k_epochs=args.save_memory_every or None,
         runner_kwargs={'life_loss_terminal': not args.no_life_loss},
+        manager_kwargs={'simulator_threads': args.simulator_threads or
+                        (None if args.vector else 1)},
     )
     callbacks = [
         ModelSaver(),   # every epoch, into logdir; --resume and --load read it

@@ -8,8 +8,11 @@ Three small parts, each with one job:
 * :class:`BatchedPredictor` merges the Q-network calls of several simulator threads into one
   forward pass (one batch of 8 costs about twice a batch of 1 on a CPU, not 8 times), run by
   one of the waiting threads (leader/followers: no extra thread, no hand-over when alone).
-* :class:`EnvRunnerManager` runs one simulator thread per runner, fed by a bounded queue of step
-  requests, and surfaces faults, statistics and shutdown.
+* :class:`InferenceThread` runs a predictor in a thread of its own, for simulator threads that
+  overlap acting with inference (pipelined mode).
+* :class:`EnvRunnerManager` runs the runners in simulator threads (one per runner, or a few
+  that each step several runners, pipelined), fed by a bounded queue of step requests, and
+  surfaces faults, statistics and shutdown.
 
 The two-phase runner step (:meth:`EnvRunner.begin_step` -> Q-values -> :meth:`EnvRunner.finish_step`)
 is what lets the manager put the forward pass in the middle without the runner knowing.
@@ -29,7 +32,7 @@ import numpy as np
 from .envs import FrameFormat, FrameHistory, Reset, adapt_env
 from .episodes import EpisodeStart, RestartPoint, make_record
 
-__all__ = ['EnvRunner', 'EnvRunnerManager', 'BatchedPredictor',
+__all__ = ['EnvRunner', 'EnvRunnerManager', 'BatchedPredictor', 'InferenceThread',
            'RunnerError', 'EnvError', 'PredictorError', 'ManagerClosed']
 
 logger = logging.getLogger(__name__)
@@ -460,7 +463,7 @@ _AUTORESET = EpisodeStart(kind='autoreset')
 # --------------------------------------------------------------------------- BatchedPredictor
 class _Prediction:
     """One caller's states and, once its batch ran, its rows of Q-values or the error."""
-    __slots__ = ('states', 'arrived', 'done', 'result', 'error', 'lead', '_woken', '_ready')
+    __slots__ = ('states', 'arrived', 'done', 'result', 'error', 'lead', 'group', '_woken', '_ready')
 
     def __init__(self, states):
         self.states = states
@@ -469,6 +472,7 @@ class _Prediction:
         self.result = None
         self.error = None
         self.lead = False     # woken to lead the next batch rather than with a result
+        self.group = None     # InferenceThread: the submission it belongs to
         self._woken = False
         # A held lock as a one-shot wake-up signal: cheaper than an Event on the hot path.
         self._ready = threading.Lock()
@@ -644,12 +648,7 @@ class BatchedPredictor:
         return batch
 
     def _run(self, batch):
-        states = batch[0].states if len(batch) == 1 else np.concatenate([r.states for r in batch])
-        q = np.asarray(self.predictor(states)[0])
-        if q.ndim != 2 or q.shape[0] != len(states):
-            raise ValueError(f"predictor returned Q-values of shape {q.shape} for "
-                             f"{len(states)} states; expected ({len(states)}, num_actions)")
-        return np.split(q, np.cumsum([len(r.states) for r in batch])[:-1])
+        return _run_merged(self.predictor, batch)
 
     def wait_for_queued(self, n, timeout):
         """Block until ``n`` requests wait for the predictor (or close); for tests and monitoring."""
@@ -677,6 +676,115 @@ class BatchedPredictor:
             self._cond.notify_all()
 
 
+# --------------------------------------------------------------------------- InferenceThread
+def _run_merged(predictor, batch):
+    """Call ``predictor`` once on the states of every request in ``batch``; rows per request."""
+    states = batch[0].states if len(batch) == 1 else np.concatenate([r.states for r in batch])
+    q = np.asarray(predictor(states)[0])
+    if q.ndim != 2 or q.shape[0] != len(states):
+        raise ValueError(f"predictor returned Q-values of shape {q.shape} for "
+                         f"{len(states)} states; expected ({len(states)}, num_actions)")
+    return np.split(q, np.cumsum([len(r.states) for r in batch])[:-1])
+
+
+class InferenceThread:
+    """Runs a predictor in a thread of its own on the states that simulator threads submit.
+
+    This is what lets one simulator thread overlap acting with inference: it submits the states
+    of one group of runners, steps the envs of another group while the forward pass runs here
+    (TensorFlow releases the GIL inside the call), then collects the Q-values (see
+    ``simulator_threads`` of :class:`EnvRunnerManager`). Submissions are served in order, one
+    predictor call each: merging two queued submissions of one simulator thread would make it
+    wait for both, the serial acting the groups are there to avoid. A submission of more than
+    ``max_batch`` rows takes several calls; one array of states is never split.
+
+    The predictor is only ever called from this thread, never concurrently.
+    ``thread_context`` is entered by the thread first (see :class:`EnvRunnerManager`).
+    """
+
+    def __init__(self, predictor, max_batch=32, name='InferenceThread', thread_context=None):
+        if max_batch < 1:
+            raise ValueError(f"need max_batch >= 1, got {max_batch}")
+        self.predictor = predictor
+        self.max_batch = int(max_batch)
+        self._thread_context = thread_context or contextlib.nullcontext
+        self._cond = threading.Condition(threading.Lock())
+        self._queue = collections.deque()   # submitted, not yet in a call; oldest first
+        self._running = []                  # requests inside the predictor right now
+        self._closed = False
+        self.calls = 0                      # predictor calls and rows, for statistics
+        self.rows = 0
+        self.max_rows_seen = 0
+        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, states_list):
+        """Queue one request per array of states, all in the same batch-to-be; returns them.
+
+        Call ``req.wait()`` on each, then read ``req.result`` (its Q-values) or ``req.error``
+        (the predictor's exception, or :class:`ManagerClosed`).
+        """
+        reqs = [_Prediction(s) for s in states_list]
+        group = object()
+        for r in reqs:
+            r.group = group
+        with self._cond:
+            if self._closed:
+                raise ManagerClosed("the inference thread is closed")
+            self._queue.extend(reqs)
+            self._cond.notify()
+        return reqs
+
+    def _serve(self):
+        with self._thread_context():
+            with self._cond:
+                while True:
+                    while not self._queue and not self._closed:
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    batch, rows = [], 0
+                    while self._queue and (not batch or self._fits(batch[0], rows)):
+                        req = self._queue.popleft()
+                        batch.append(req)
+                        rows += len(req.states)
+                    self.calls += 1
+                    self.rows += rows
+                    self.max_rows_seen = max(self.max_rows_seen, rows)
+                    self._running = batch
+                    self._cond.release()       # run the predictor without the lock
+                    try:
+                        results, error = _run_merged(self.predictor, batch), None
+                    except BaseException as err:   # delivered to every request of the batch
+                        results, error = None, err
+                    finally:
+                        self._cond.acquire()
+                    for k, req in enumerate(batch):   # close() may have failed them already
+                        req.complete(None if results is None else results[k], error)
+                    self._running = []
+
+    def _fits(self, first, rows):
+        """Can the next queued request join the call that ``first`` opened (``rows`` so far)?"""
+        nxt = self._queue[0]
+        return nxt.group is first.group and rows + len(nxt.states) <= self.max_batch
+
+    def close(self):
+        """Fail every waiting request with :class:`ManagerClosed` and tell the thread to stop.
+
+        Idempotent, does not block: join :attr:`thread` to wait. A predictor call in progress
+        can not be interrupted: its requests are failed now, and the thread stops when the call
+        returns.
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for req in list(self._queue) + self._running:
+                req.complete(None, ManagerClosed("closed"))
+            self._queue.clear()
+            self._cond.notify_all()
+
+
 # --------------------------------------------------------------------------- EnvRunnerManager
 class _Request:
     __slots__ = ('seq', 'exploration', 'done')
@@ -695,8 +803,11 @@ class EnvRunnerManager:
             caller's thread (no threads at all). With several, thread ``SimulatorThread-<i>``
             runs ``env_runners[i]``; any idle thread takes the oldest queued request.
         maximum_staleness (int): how many step requests may be unfinished at once (see below).
+        simulator_threads (int, optional): None (default): one simulator thread per runner,
+            as above. ``k`` fewer than the runners: *pipelined* mode, below.
         max_inference_batch (int): at most this many states per predictor call.
-        max_inference_wait (float): seconds a prediction may wait for others to join its batch.
+        max_inference_wait (float): seconds a prediction may wait for others to join its batch
+            (thread-per-runner mode only).
         max_restarts (int): times each runner may be restarted (:meth:`EnvRunner.restart`)
             after its env raised, instead of failing the manager. Counted in :meth:`stats`.
         close_timeout (float): seconds :meth:`close` waits for the threads in total.
@@ -711,18 +822,30 @@ class EnvRunnerManager:
     ``maximum_staleness``-th later one is). ``step`` blocks while that does not hold. At most
     ``maximum_staleness`` runners therefore act at once.
 
+    Pipelined mode (``simulator_threads=k < len(env_runners)``): thread ``SimulatorThread-<j>``
+    steps runners ``j, j + k, j + 2k, ...`` in two groups of about half of them: it begins one
+    group's steps (random actions drawn, states gathered), submits their states to an
+    :class:`InferenceThread` (``InferenceThread``; one per distinct predictor) and, while that
+    forward pass runs, finishes the other group's steps (the env steps, the memory writes).
+    Each accepted request is one step of one runner (the runner idle longest). This is the mode
+    for envs that hold the GIL, like single ALE envs: on 2 cores, 8 Pong runners on one thread
+    wrote 1.4-1.7x the steps/s of 8 threads (``benchmarks/bench_population.py``). For envs that
+    release the GIL (``AtariVectorEnv``, subprocess vector envs), a thread per runner lets
+    their steps overlap each other. The staleness guarantee below holds in both modes.
+
     Inference: runners that share a predictor share one :class:`BatchedPredictor`, which
     merges the states of all runners needing a greedy action at once into one call (at most
     ``max_inference_batch`` rows, waiting at most ``max_inference_wait`` for late-comers). The
     predictor is called from one simulator thread at a time (the caller's thread in inline
-    mode), never concurrently: it need not be thread-safe, but it must work from any of the
-    simulator threads (see ``thread_context``).
+    mode; the InferenceThread in pipelined mode), never concurrently: it need not be
+    thread-safe, but it must work from any thread this manager starts (see ``thread_context``).
 
     Faults: an exception in a simulator thread or in the predictor is raised from the next
     :meth:`step` (at once if one is blocked waiting), or from :meth:`close` if no ``step``
     raised it: an :class:`EnvError`, :class:`PredictorError` or :class:`RunnerError` naming
-    the thread, chained to the original (``__cause__``). Once failed, :meth:`step` keeps
-    raising. With ``max_restarts`` an :class:`EnvError` restarts the runner instead.
+    the thread (pipelined, also the runner: ``SimulatorThread-0 (runner 3)``), chained to the
+    original (``__cause__``). Once failed, :meth:`step` keeps raising. With ``max_restarts``
+    an :class:`EnvError` restarts the runner instead.
 
     Shutdown: :meth:`close` (also on leaving a ``with`` block) drops queued requests, releases
     threads waiting on the queue or for a prediction, lets each thread finish the env step it is
@@ -733,8 +856,9 @@ class EnvRunnerManager:
     soon as that call returns.
     """
 
-    def __init__(self, env_runners, maximum_staleness, *, max_inference_batch=32,
-                 max_inference_wait=0.002, max_restarts=0, close_timeout=5.0, thread_context=None):
+    def __init__(self, env_runners, maximum_staleness, *, simulator_threads=None,
+                 max_inference_batch=32, max_inference_wait=0.002, max_restarts=0,
+                 close_timeout=5.0, thread_context=None):
         self._runners = list(env_runners)
         if not self._runners:
             raise ValueError("env_runners is empty")
@@ -744,6 +868,15 @@ class EnvRunnerManager:
                 or maximum_staleness < 1:
             raise ValueError(f"maximum_staleness must be an integer >= 1, got {maximum_staleness!r}")
         self.maximum_staleness = int(maximum_staleness)
+        n = len(self._runners)
+        if simulator_threads is None:
+            simulator_threads = n
+        if isinstance(simulator_threads, bool) or not isinstance(simulator_threads, numbers.Integral) \
+                or not 1 <= simulator_threads <= n:
+            raise ValueError(f"simulator_threads must be an integer in [1, {n}] (the number of "
+                             f"runners) or None, got {simulator_threads!r}")
+        # Pipelined when some thread owns several runners (see the class docstring).
+        self.pipelined = n > 1 and simulator_threads < n
         self.max_restarts = int(max_restarts)
         self.close_timeout = float(close_timeout)
         self._thread_context = thread_context or contextlib.nullcontext
@@ -766,21 +899,40 @@ class EnvRunnerManager:
         self._window_steps = 0
         self._window_infer = (0, 0)
 
-        self._batchers = {}           # one per distinct predictor: only runners sharing one batch together
+        # One batcher per distinct predictor (only runners sharing one batch together): a
+        # BatchedPredictor (a thread per runner) or an InferenceThread (pipelined).
+        self._batchers = {}
         self._batcher_of = []
-        self._threads = []
-        if len(self._runners) > 1:
-            for r in self._runners:
-                if id(r.predictor) not in self._batchers:
-                    self._batchers[id(r.predictor)] = BatchedPredictor(
-                        r.predictor, max_inference_batch, max_inference_wait)
-                self._batcher_of.append(self._batchers[id(r.predictor)])
-            for i in range(len(self._runners)):
-                t = threading.Thread(target=self._simulate, args=(i,), name=f'SimulatorThread-{i}',
-                                     daemon=True)
-                self._threads.append(t)
-            for t in self._threads:
-                t.start()
+        self._threads = []             # simulator threads
+        self._owner = [0] * n          # runner -> index of the simulator thread that steps it
+        if n == 1:
+            return                     # inline: step() runs the runner in the caller's thread
+        for r in self._runners:
+            key = id(r.predictor)
+            if key not in self._batchers:
+                if self.pipelined:
+                    suffix = f'-{len(self._batchers)}' if self._batchers else ''
+                    self._batchers[key] = InferenceThread(
+                        r.predictor, max_inference_batch, name='InferenceThread' + suffix,
+                        thread_context=self._thread_context)
+                else:
+                    self._batchers[key] = BatchedPredictor(r.predictor, max_inference_batch,
+                                                           max_inference_wait)
+            self._batcher_of.append(self._batchers[key])
+        if self.pipelined:
+            owned = [list(range(j, n, simulator_threads)) for j in range(simulator_threads)]
+            for j, idx in enumerate(owned):
+                for i in idx:
+                    self._owner[i] = j
+            targets = [(self._simulate_pipelined, (idx,)) for idx in owned]
+        else:
+            self._owner = list(range(n))
+            targets = [(self._simulate, (i,)) for i in range(n)]
+        for j, (fn, args) in enumerate(targets):
+            self._threads.append(threading.Thread(target=fn, args=args, name=f'SimulatorThread-{j}',
+                                                  daemon=True))
+        for t in self._threads:
+            t.start()
 
     # ------------------------------------------------------------------ the caller's side
     def step(self, exploration, timeout=None):
@@ -885,6 +1037,125 @@ class EnvRunnerManager:
             if closing:   # close() did not wait for us: close our own runner
                 self._close_runner(i)
 
+    def _simulate_pipelined(self, owned):
+        """Step the runners ``owned`` in groups of about half of them, two groups in flight:
+        while one group's states are in the predictor (on the inference thread), finish the
+        other group's steps (their env steps hold the GIL; the forward pass does not).
+
+        Invariants: a runner is either idle or in exactly one in-flight group; groups finish in
+        the order they began; idle runners are used oldest first, so every runner gets steps
+        even when fewer requests than runners are pending (small ``maximum_staleness``).
+        """
+        idle = collections.deque(owned)
+        group_size = (len(owned) + 1) // 2
+        inflight = collections.deque()    # groups begun, oldest first: [(runner, request, prediction)]
+        name = threading.current_thread().name
+        try:
+            with self._thread_context():
+                while True:
+                    if len(inflight) < 2 and idle:
+                        reqs = self._take_up_to(min(group_size, len(idle)), block=not inflight)
+                        if reqs is None:
+                            return
+                        if reqs:
+                            members = [idle.popleft() for _ in reqs]
+                            entries = self._begin_steps(name, members, reqs)
+                            if entries is None:
+                                return
+                            begun = {i for i, _, _ in entries}
+                            idle.extend(i for i in members if i not in begun)   # restarted
+                            if entries:
+                                inflight.append(entries)
+                            continue
+                    if inflight:
+                        entries = inflight.popleft()
+                        ok = self._finish_steps(name, entries)
+                        idle.extend(i for i, _, _ in entries)
+                        if not ok:
+                            return
+        finally:
+            for entries in inflight:       # closed or failed: those Q-values will not be used
+                for i, req, _ in entries:
+                    self._runners[i].abort_step()
+                    self._finish(req)
+            with self._lock:
+                closing = self._closed
+            if closing:   # close() did not wait for us: close our own runners
+                for i in owned:
+                    self._close_runner(i)
+
+    def _begin_steps(self, name, members, reqs):
+        """begin_step one runner per request and submit their states for prediction together.
+
+        Returns the group's entries ``(runner index, request, prediction or None)`` (runners
+        restarted after a failed begin_step left out), or None after a fault that stops this
+        thread.
+        """
+        entries, by_batcher = [], {}
+        for i, req in zip(members, reqs):
+            runner = self._runners[i]
+            try:
+                states = runner.begin_step(req.exploration)   # the first one resets the env
+            except BaseException as err:
+                self._finish(req)
+                if self._handle_fault(f'{name} (runner {i})', runner, err):
+                    continue
+                for j, r, _ in entries:
+                    self._runners[j].abort_step()
+                    self._finish(r)
+                return None
+            entries.append([i, req, None])
+            if len(states):
+                by_batcher.setdefault(id(self._batcher_of[i]), []).append((len(entries) - 1, states))
+        for items in by_batcher.values():
+            batcher = self._batcher_of[entries[items[0][0]][0]]
+            try:
+                preds = batcher.submit([states for _, states in items])
+            except ManagerClosed:
+                for j, r, _ in entries:
+                    self._runners[j].abort_step()
+                    self._finish(r)
+                return None
+            for (k, _), pred in zip(items, preds):
+                entries[k][2] = pred
+        return [tuple(e) for e in entries]
+
+    def _finish_steps(self, name, entries):
+        """Wait for each runner's Q-values and finish its step; False: stop this thread."""
+        ok = True
+        for i, req, pred in entries:
+            runner = self._runners[i]
+            try:
+                if not ok:
+                    runner.abort_step()
+                    continue
+                q_values = None
+                if pred is not None:
+                    pred.wait()
+                    if isinstance(pred.error, ManagerClosed):
+                        runner.abort_step()
+                        ok = False
+                        continue
+                    if pred.error is not None:
+                        runner.abort_step()
+                        raise PredictorError(f"predictor raised: {pred.error!r}") from pred.error
+                    q_values = pred.result
+                runner.finish_step(q_values)
+            except BaseException as err:
+                ok = self._handle_fault(f'{name} (runner {i})', runner, err) and ok
+            finally:
+                self._finish(req)   # at once: with a small maximum_staleness the window waits for it
+        return ok
+
+    def _take_up_to(self, n, block):
+        """Up to ``n`` queued requests (waiting for one if ``block``); None once closed."""
+        with self._lock:
+            while block and not self._queue and not self._closed:
+                self._work.wait()
+            if self._closed:
+                return None
+            return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+
     def _take(self):
         with self._lock:
             while not self._queue and not self._closed:
@@ -893,10 +1164,12 @@ class EnvRunnerManager:
                 return None
             return self._queue.popleft()
 
-    def _finish(self, req):
+    def _finish(self, *reqs):
+        """Book requests as finished (their steps are in the memory); wakes step() once."""
         with self._lock:
-            req.done = True
-            self._pending -= 1
+            for req in reqs:
+                req.done = True
+            self._pending -= len(reqs)
             while self._unfinished and self._unfinished[0].done:
                 self._unfinished.popleft()
             self._space.notify_all()
@@ -1009,12 +1282,14 @@ class EnvRunnerManager:
         deadline = time.monotonic() + timeout
         for b in self._batchers.values():
             b.close()
-        for t in self._threads:
+        threads = self._threads + [b.thread for b in self._batchers.values()
+                                   if isinstance(b, InferenceThread)]
+        for t in threads:
             t.join(max(0.0, deadline - time.monotonic()))
         for i in range(len(self._runners)):
-            if not self._threads or not self._threads[i].is_alive():
+            if not self._threads or not self._threads[self._owner[i]].is_alive():
                 self._close_runner(i)
-        self.stuck_threads = [t.name for t in self._threads if t.is_alive()]
+        self.stuck_threads = [t.name for t in threads if t.is_alive()]
         if self.stuck_threads:
             warnings.warn(f"EnvRunnerManager.close: {', '.join(self.stuck_threads)} still inside an env "
                           f"or predictor call after {timeout} s; left running as daemon threads, they "

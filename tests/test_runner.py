@@ -15,7 +15,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay import ReplayMemory
 from expreplay.runner import (BatchedPredictor, EnvError, EnvRunner, EnvRunnerManager,
-                              ManagerClosed, PredictorError)
+                              InferenceThread, ManagerClosed, PredictorError)
 from scripted_env import (OldApiScriptedEnv, ScriptedEnv, ScriptedEnvError, check_batch, decode,
                           encode)
 
@@ -23,6 +23,12 @@ pytestmark = pytest.mark.timeout(60)
 
 GUARD = 10.0   # seconds: only ever a hang guard
 H = 3          # history_len of the scripted tests
+
+# EnvRunnerManager's threading modes: simulator_threads=None (a thread per runner, the
+# BatchedPredictor) and fewer threads than runners (pipelined, an InferenceThread).
+PER_RUNNER = pytest.param(None, id='thread-per-runner')
+PIPELINED_1 = pytest.param(1, id='pipelined-1-thread')
+PIPELINED_2 = pytest.param(2, id='pipelined-2-threads')
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -135,15 +141,16 @@ class RecordingMemory:
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1, PIPELINED_2])
 @pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
-def test_threads_end_to_end_every_sampled_transition(env_cls):
+def test_threads_end_to_end_every_sampled_transition(env_cls, threads):
     envs = {i: env_cls(i, episode_lengths=(5, 3, 8, 13), ends=('terminated', 'truncated', 'truncated'))
             for i in range(3)}
     mem = ReplayMemory(120, (6,), H, block_size=8)    # small: the run wraps around many times
     pred = StepPredictor()
     runners = [EnvRunner(envs[i], pred, mem, H, seed=3, index=i) for i in range(3)]
     checked = 0
-    with EnvRunnerManager(runners, maximum_staleness=4) as mgr:
+    with EnvRunnerManager(runners, maximum_staleness=4, simulator_threads=threads) as mgr:
         for k in range(1500):
             mgr.step(0.0 if k % 2 else 1.0)
             if k % 300 == 299:   # sample while the threads write
@@ -181,9 +188,10 @@ def test_single_runner_runs_inline_without_threads():
     assert_all_stored({0: env}, mem)
 
 
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
 @pytest.mark.parametrize('mode', [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP,
                                   AutoresetMode.DISABLED])
-def test_vector_env_runners_end_to_end(mode):
+def test_vector_env_runners_end_to_end(mode, threads):
     envs = {}
 
     def make(i):
@@ -197,7 +205,7 @@ def test_vector_env_runners_end_to_end(mode):
     pred = StepPredictor()
     runners = [EnvRunner(v, pred, mem, H, seed=100, index=r) for r, v in enumerate(venvs)]
     assert runners[0].num_envs == 3
-    with EnvRunnerManager(runners, maximum_staleness=2) as mgr:
+    with EnvRunnerManager(runners, maximum_staleness=2, simulator_threads=threads) as mgr:
         for _ in range(600):
             mgr.step(0.0)
     games = [s for r in runners for s in r.total_scores]   # after close: no game is in flight
@@ -405,11 +413,11 @@ class GateRunner:
         pass
 
 
-def _gated_manager(n_runners, staleness, n_requests):
+def _gated_manager(n_runners, staleness, n_requests, threads=None):
     ev = lambda: [threading.Event() for _ in range(n_requests)]  # noqa: E731
     gates, started, finished = ev(), ev(), ev()
     runners = [GateRunner(gates, started, finished) for _ in range(n_runners)]
-    return EnvRunnerManager(runners, staleness), gates, started, finished
+    return EnvRunnerManager(runners, staleness, simulator_threads=threads), gates, started, finished
 
 
 def test_staleness_window_blocks_on_the_oldest_unfinished_request():
@@ -430,11 +438,16 @@ def test_staleness_window_blocks_on_the_oldest_unfinished_request():
         gates[2].set()
 
 
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
 @pytest.mark.parametrize('staleness,n_runners', [(1, 3), (3, 2), (3, 5), (5, 8)])
-def test_staleness_guarantee_under_random_completion_order(staleness, n_runners):
-    """A request is executed before more than maximum_staleness later ones are accepted."""
+def test_staleness_guarantee_under_random_completion_order(staleness, n_runners, threads):
+    """A request is executed before more than maximum_staleness later ones are accepted.
+
+    Pipelined on one thread, requests finish in the order they were taken, so the test
+    releases the oldest running one instead of a random one.
+    """
     n = 60
-    mgr, gates, started, finished = _gated_manager(n_runners, staleness, n)
+    mgr, gates, started, finished = _gated_manager(n_runners, staleness, n, threads)
     rng = np.random.default_rng(staleness * 10 + n_runners)
     released = set()
     with mgr:
@@ -452,7 +465,7 @@ def test_staleness_guarantee_under_random_completion_order(staleness, n_runners)
                     oldest = min(j for j in range(k) if j not in released)
                     assert started[oldest].wait(GUARD)
                     running = [oldest]
-                j = int(rng.choice(running))
+                j = int(rng.choice(running)) if threads is None else min(running)
                 released.add(j)
                 gates[j].set()
                 assert finished[j].wait(GUARD)
@@ -561,6 +574,155 @@ def test_manager_batches_states_of_several_runners():
     sample_and_check(mem, envs)
 
 
+
+def _blocking_predictor(calls, release, entered):
+    """Records each call's row values; the first call waits for ``release``."""
+    def predictor(states):
+        calls.append(states[:, 0].tolist())
+        if len(calls) == 1:
+            entered.set()
+            assert release.wait(GUARD)
+        return [np.repeat(states[:, :1], 2, axis=1).astype(np.float32)]
+    return predictor
+
+
+def test_inference_thread_runs_each_submission_in_its_own_calls_of_max_batch_rows():
+    calls, release, entered = [], threading.Event(), threading.Event()
+    it = InferenceThread(_blocking_predictor(calls, release, entered), max_batch=3)
+    (first,) = it.submit([np.array([[0.0]])])
+    assert entered.wait(GUARD)                    # the thread is inside the first call
+    rows = [np.array([[1.0], [2.0]]), np.array([[3.0], [4.0]]), np.array([[5.0]]), np.array([[6.0]])]
+    queued = it.submit(rows[:1]) + it.submit(rows[1:3]) + it.submit(rows[3:])
+    release.set()
+    for req in [first] + queued:
+        req.wait()
+        assert req.error is None
+    # Queued during the first call: not merged with each other, arrays never split, a
+    # submission's arrays together up to max_batch rows.
+    assert calls == [[0.0], [1.0, 2.0], [3.0, 4.0, 5.0], [6.0]]
+    assert [r.result[:, 0].tolist() for r in queued] == [[1.0, 2.0], [3.0, 4.0], [5.0], [6.0]]
+    assert (it.calls, it.rows, it.max_rows_seen) == (4, 7, 3)
+    big = it.submit([np.array([[7.0], [8.0]]), np.array([[9.0], [10.0]])])
+    for req in big:
+        req.wait()
+    assert calls[-2:] == [[7.0, 8.0], [9.0, 10.0]]   # 4 rows > max_batch: two calls
+    it.close()
+    it.thread.join(GUARD)
+    assert not it.thread.is_alive()
+    with pytest.raises(ManagerClosed):
+        it.submit([np.zeros((1, 1))])
+
+
+def test_inference_thread_delivers_errors_and_close_releases_waiters():
+    def bad(states):
+        raise ValueError('bad weights')
+
+    it = InferenceThread(bad)
+    reqs = it.submit([np.zeros((1, 1)), np.zeros((2, 1))])
+    for r in reqs:
+        r.wait()
+        assert isinstance(r.error, ValueError)    # every request of the failed call gets it
+    it.close()
+    it.thread.join(GUARD)
+
+    calls, release, entered = [], threading.Event(), threading.Event()
+    it = InferenceThread(_blocking_predictor(calls, release, entered))
+    running = it.submit([np.zeros((1, 1))])
+    assert entered.wait(GUARD)
+    waiting = it.submit([np.ones((1, 1))])
+    it.close()                                    # does not wait for the predictor
+    for r in running + waiting:
+        r.wait()
+        assert isinstance(r.error, ManagerClosed)
+    release.set()                                 # the call returns: the thread stops
+    it.thread.join(GUARD)
+    assert not it.thread.is_alive() and calls == [[0.0]]
+
+
+class RecordingRunner:
+    """Wraps an EnvRunner and tells ``on_begin`` / ``on_finish`` about its two step halves."""
+
+    def __init__(self, runner, on_begin, on_finish):
+        self._runner, self._on_begin, self._on_finish = runner, on_begin, on_finish
+
+    def begin_step(self, exploration):
+        self._on_begin(self._runner.index)
+        return self._runner.begin_step(exploration)
+
+    def finish_step(self, q_values):
+        self._on_finish(self._runner.index)
+        self._runner.finish_step(q_values)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+
+def test_pipelined_thread_steps_one_group_while_the_other_is_predicted():
+    """One simulator thread, four runners: each predictor call holds one group's states, and
+    while a group's envs step, another group is already begun and submitted (its forward pass
+    can run meanwhile). A thread that predicted for all its runners, then stepped them all,
+    would never have another group in flight while stepping."""
+    lock = threading.Lock()
+    in_flight, call_of, calls, overlapped = set(), {}, [], []
+
+    def on_begin(i):
+        with lock:
+            in_flight.add(i)
+
+    def on_finish(i):
+        with lock:
+            in_flight.discard(i)
+            overlapped.append(bool(in_flight - call_of[i]))
+
+    inner = StepPredictor()
+
+    def predictor(states):
+        ids = frozenset(decode(s[..., -1])[0] for s in states)
+        with lock:
+            calls.append(ids)
+            call_of.update((i, ids) for i in ids)
+        return inner(states)
+
+    envs = {i: ScriptedEnv(i) for i in range(4)}
+    mem = ReplayMemory(500, (6,), H)
+    runners = [RecordingRunner(EnvRunner(envs[i], predictor, mem, H, index=i), on_begin, on_finish)
+               for i in range(4)]
+    with EnvRunnerManager(runners, 8, simulator_threads=1) as mgr:
+        assert mgr.pipelined
+        for _ in range(400):
+            mgr.step(0.0)
+        mgr.wait_idle(GUARD)
+    assert max(len(c) for c in calls) == 2                   # one group (half the runners) per call
+    assert len(overlapped) == 400 and sum(overlapped) > 300, sum(overlapped)
+    greedy_ok(envs)
+    assert_all_stored(envs, mem)
+    sample_and_check(mem, envs)
+
+
+@pytest.mark.parametrize('staleness', [1, 3])
+def test_pipelined_runners_take_turns_when_requests_are_fewer_than_runners(staleness):
+    envs = {i: ScriptedEnv(i) for i in range(4)}
+    mem = ReplayMemory(500, (6,), H)
+    runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(4)]
+    with EnvRunnerManager(runners, staleness, simulator_threads=1) as mgr:
+        for _ in range(120):
+            mgr.step(0.0)
+        mgr.wait_idle(GUARD)
+    steps = [r.steps for r in runners]
+    assert sum(steps) == 120 and max(steps) - min(steps) <= staleness, steps
+    greedy_ok(envs)
+    assert_all_stored(envs, mem)
+
+
+def test_simulator_threads_must_be_between_one_and_the_number_of_runners():
+    mem = ReplayMemory(100, (6,), H)
+    runners = [EnvRunner(ScriptedEnv(i), None, mem, H, index=i) for i in range(3)]
+    for bad in (0, 4, 1.5, True):
+        with pytest.raises(ValueError, match='simulator_threads'):
+            EnvRunnerManager(runners, 2, simulator_threads=bad)
+    with EnvRunnerManager(runners, 2, simulator_threads=3) as mgr:   # = one per runner
+        assert not mgr.pipelined and len(mgr._threads) == 3
+
 # ----------------------------------------------------------------------------- faults
 def _step_until_raises(mgr, n=10_000):
     for _ in range(n):
@@ -568,7 +730,11 @@ def _step_until_raises(mgr, n=10_000):
     raise AssertionError("no fault surfaced")
 
 
-def test_env_failure_surfaces_from_step_within_a_second():
+@pytest.mark.parametrize('threads,where', [(None, 'SimulatorThread-1'),
+                                           (1, r'SimulatorThread-0 \(runner 1\)'),
+                                           (2, r'SimulatorThread-1 \(runner 1\)')],
+                         ids=['thread-per-runner', 'pipelined-1-thread', 'pipelined-2-threads'])
+def test_env_failure_surfaces_from_step_within_a_second(threads, where):
     failed_at = []
 
     def hook(env, action):
@@ -578,8 +744,9 @@ def test_env_failure_surfaces_from_step_within_a_second():
     envs = {i: ScriptedEnv(i, fail_at_step=(40 if i == 1 else None), step_hook=hook) for i in range(3)}
     mem = ReplayMemory(500, (6,), H)
     pred = StepPredictor()   # shared, as in training
-    mgr = EnvRunnerManager([EnvRunner(envs[i], pred, mem, H, index=i) for i in range(3)], 3)
-    with pytest.raises(EnvError, match='SimulatorThread-1') as info:
+    mgr = EnvRunnerManager([EnvRunner(envs[i], pred, mem, H, index=i) for i in range(3)], 3,
+                           simulator_threads=threads)
+    with pytest.raises(EnvError, match=where) as info:
         _step_until_raises(mgr)
     assert time.monotonic() - failed_at[0] < 1.0
     assert isinstance(info.value.__cause__, ScriptedEnvError)
@@ -591,7 +758,8 @@ def test_env_failure_surfaces_from_step_within_a_second():
     sample_and_check(mem, envs, n_batches=2)
 
 
-def test_unreported_failure_is_raised_by_close():
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
+def test_unreported_failure_is_raised_by_close(threads):
     failed = threading.Event()
 
     def hook(env, action):
@@ -600,7 +768,8 @@ def test_unreported_failure_is_raised_by_close():
 
     envs = [ScriptedEnv(i, fail_at_step=5, step_hook=hook) for i in range(2)]
     mem = ReplayMemory(100, (6,), H)
-    mgr = EnvRunnerManager([EnvRunner(e, None, mem, H, index=i) for i, e in enumerate(envs)], 20)
+    mgr = EnvRunnerManager([EnvRunner(e, None, mem, H, index=i) for i, e in enumerate(envs)], 20,
+                           simulator_threads=threads)
     for _ in range(12):
         mgr.step(1.0)
     assert failed.wait(GUARD)
@@ -610,8 +779,9 @@ def test_unreported_failure_is_raised_by_close():
     mgr.close()
 
 
-@pytest.mark.parametrize('n_runners', [1, 3])
-def test_predictor_failure_surfaces_from_step(n_runners):
+@pytest.mark.parametrize('n_runners,threads', [(1, None), (3, None), (3, 1), (3, 2)],
+                         ids=['inline', 'thread-per-runner', 'pipelined-1-thread', 'pipelined-2-threads'])
+def test_predictor_failure_surfaces_from_step(n_runners, threads):
     calls = []
 
     def predictor(states):
@@ -623,13 +793,14 @@ def test_predictor_failure_surfaces_from_step(n_runners):
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(ScriptedEnv(i), predictor, mem, H, index=i) for i in range(n_runners)]
     with pytest.raises(PredictorError) as info:
-        with EnvRunnerManager(runners, 2) as mgr:
+        with EnvRunnerManager(runners, 2, simulator_threads=threads) as mgr:
             _step_until_raises(mgr)
     assert time.monotonic() - calls[9] < 1.0
     assert isinstance(info.value.__cause__, ValueError) and 'bad weights' in str(info.value)
 
 
-def test_failed_env_is_restarted_and_counted():
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
+def test_failed_env_is_restarted_and_counted(threads):
     envs = {}
 
     def factory(env_id, fail):
@@ -643,7 +814,7 @@ def test_failed_env_is_restarted_and_counted():
     runners = [EnvRunner(factory(i, 100 if i == 0 else None)(), pred, mem, H, index=i,
                          player_factory=factory(10 + i, 60))   # replacements fail after 60 steps
                for i in range(2)]
-    mgr = EnvRunnerManager(runners, 2, max_restarts=1)
+    mgr = EnvRunnerManager(runners, 2, max_restarts=1, simulator_threads=threads)
     with pytest.raises(EnvError):     # runner 0: restarted once, then its replacement fails
         _step_until_raises(mgr)
     stats = mgr.stats()
@@ -655,12 +826,15 @@ def test_failed_env_is_restarted_and_counted():
 
 
 # ----------------------------------------------------------------------------- shutdown
-def test_close_under_load_joins_every_thread():
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1, PIPELINED_2])
+def test_close_under_load_joins_every_thread(threads):
     envs = {i: ScriptedEnv(i) for i in range(4)}
     mem = ReplayMemory(300, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(4)]
-    mgr = EnvRunnerManager(runners, 16)
+    mgr = EnvRunnerManager(runners, 16, simulator_threads=threads)
+    started = set(live_threads())
+    assert len(started) == (4 if threads is None else threads + 1)   # + the InferenceThread
     running = threading.Event()
     errors = []
 
@@ -681,7 +855,7 @@ def test_close_under_load_joins_every_thread():
     assert time.monotonic() - start < 2.0
     t.join(GUARD)
     assert errors and not t.is_alive()
-    assert mgr.stuck_threads == [] and not any(t.is_alive() for t in mgr._threads)
+    assert mgr.stuck_threads == [] and not any(t.is_alive() for t in started)
     mgr.close()                                   # idempotent
     with pytest.raises(ManagerClosed):
         mgr.step(0.5)
@@ -689,21 +863,27 @@ def test_close_under_load_joins_every_thread():
     sample_and_check(mem, envs, n_batches=3)
 
 
-def test_close_while_envs_hang_in_reset_warns_and_threads_end_when_released():
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
+def test_close_while_envs_hang_in_reset_warns_and_threads_end_when_released(threads):
     gate = threading.Event()
     envs = [ScriptedEnv(i, reset_gate=gate, hang_on_reset=1) for i in range(2)]
     mem = ReplayMemory(100, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(e, pred, mem, H, index=i) for i, e in enumerate(envs)]
-    mgr = EnvRunnerManager(runners, 2)
+    mgr = EnvRunnerManager(runners, 2, simulator_threads=threads)
     mgr.step(0.5)
-    mgr.step(0.5)     # one request per thread: both threads reset their env first, and hang
-    assert envs[0].in_reset.wait(GUARD) and envs[1].in_reset.wait(GUARD)
+    if threads is None:
+        mgr.step(0.5)     # one request per thread: both threads reset their env first, and hang
+        assert envs[0].in_reset.wait(GUARD) and envs[1].in_reset.wait(GUARD)
+        stuck = ['SimulatorThread-0', 'SimulatorThread-1']
+    else:                 # the one thread hangs in the first reset
+        assert envs[0].in_reset.wait(GUARD) or envs[1].in_reset.wait(GUARD)
+        stuck = ['SimulatorThread-0']
     start = time.monotonic()
-    with pytest.warns(RuntimeWarning, match='SimulatorThread-0, SimulatorThread-1'):
+    with pytest.warns(RuntimeWarning, match=', '.join(stuck)):
         mgr.close(timeout=0.3)
     assert time.monotonic() - start < 1.5
-    assert mgr.stuck_threads == ['SimulatorThread-0', 'SimulatorThread-1']
+    assert mgr.stuck_threads == stuck
     assert all(t.daemon and t.is_alive() for t in mgr._threads)
     gate.set()                                  # the resets return: the threads stop
     for t in mgr._threads:
@@ -712,7 +892,8 @@ def test_close_while_envs_hang_in_reset_warns_and_threads_end_when_released():
     assert all(r._closed for r in runners)      # each closed its own runner on the way out
 
 
-def test_close_while_predictor_hangs_releases_a_blocked_step():
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
+def test_close_while_predictor_hangs_releases_a_blocked_step(threads):
     release, entered = threading.Event(), threading.Event()
 
     leader = []
@@ -725,7 +906,7 @@ def test_close_while_predictor_hangs_releases_a_blocked_step():
 
     mem = ReplayMemory(100, (6,), H)
     runners = [EnvRunner(ScriptedEnv(i), predictor, mem, H, index=i) for i in range(3)]
-    mgr = EnvRunnerManager(runners, 2)
+    mgr = EnvRunnerManager(runners, 2, simulator_threads=threads)
     mgr.step(0.0)
     mgr.step(0.0)
     assert entered.wait(GUARD)
@@ -751,12 +932,13 @@ def test_close_while_predictor_hangs_releases_a_blocked_step():
         assert not th.is_alive()
 
 
-def test_stats_figures():
+@pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1])
+def test_stats_figures(threads):
     envs = {i: ScriptedEnv(i, episode_lengths=4) for i in range(2)}
     mem = ReplayMemory(300, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(2)]
-    with EnvRunnerManager(runners, 2) as mgr:
+    with EnvRunnerManager(runners, 2, simulator_threads=threads) as mgr:
         assert mgr.reset_stats() == (None, None)
         for _ in range(100):
             mgr.step(0.0)
@@ -773,7 +955,11 @@ def test_stats_figures():
         assert mgr.stats()['games'] == 0 and mgr.stats()['steps'] == 0
 
 
-def test_thread_context_is_entered_by_every_thread_the_manager_starts():
+@pytest.mark.parametrize('threads,names', [
+    (None, {'SimulatorThread-0', 'SimulatorThread-1', 'SimulatorThread-2'}),
+    (2, {'SimulatorThread-0', 'SimulatorThread-1', 'InferenceThread'})],
+    ids=['thread-per-runner', 'pipelined-2-threads'])
+def test_thread_context_is_entered_by_every_thread_the_manager_starts(threads, names):
     entered, lock = set(), threading.Lock()
 
     class Context:
@@ -787,7 +973,7 @@ def test_thread_context_is_entered_by_every_thread_the_manager_starts():
     mem = ReplayMemory(100, (6,), H)
     pred = StepPredictor()
     runners = [EnvRunner(ScriptedEnv(i), pred, mem, H, index=i) for i in range(3)]
-    with EnvRunnerManager(runners, 3, thread_context=Context) as mgr:
+    with EnvRunnerManager(runners, 3, thread_context=Context, simulator_threads=threads) as mgr:
         for _ in range(30):
             mgr.step(0.0)
-    assert entered == {'SimulatorThread-0', 'SimulatorThread-1', 'SimulatorThread-2'}
+    assert entered == names

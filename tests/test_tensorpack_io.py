@@ -189,10 +189,13 @@ def stderr_clean(capfd):
 
 
 # ------------------------------------------------------------------------------- tests
-@pytest.mark.parametrize('data', [QueueInput, FeedInput])
-def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, data):
+@pytest.mark.parametrize('data,threads', [(QueueInput, None), (FeedInput, None), (QueueInput, 1)],
+                         ids=['QueueInput', 'FeedInput', 'QueueInput-pipelined'])
+def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, data, threads):
     factory = EnvFactory()
-    expreplay = make_expreplay(factory)
+    # threads=1: both players on one simulator thread, the predictor (a tensorpack
+    # OfflinePredictor) on an InferenceThread, which must enter the session's graph too.
+    expreplay = make_expreplay(factory, manager_kwargs={'simulator_threads': threads})
     stats, errors, threads = train(tmp_path, simple_config(expreplay, TinyDQN((6,)), data=data))
 
     assert [s['epoch_num'] for s in stats] == [1, 2, 3]
