@@ -52,7 +52,7 @@ raw rate.
 Usage: python benchmarks/bench_population.py [--quick] [--repeats 5] [--seconds 2]
        [--runners 1 2 4 8] [--staleness 1 4 8 16] [--exploration 0.1 1.0] [--no-vector]
        [--no-unbatched] [--no-pipelined] [--tf-threads 1] [--max-load 2 --max-wait 600]
-The default run takes about 8 minutes on 2 cores (plus any wait for the load); exit status 0
+The default run takes about 10 minutes on 2 cores (plus any wait for the load); exit status 0
 when both targets pass.
 """
 

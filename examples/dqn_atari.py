@@ -172,8 +172,8 @@ def train(args, num_actions):
         checkpoint_dir=args.logdir,
         checkpoint_every_k_epochs=args.save_memory_every or None,
         runner_kwargs={'life_loss_terminal': not args.no_life_loss},
-        manager_kwargs={'simulator_threads': args.simulator_threads or
-                        (None if args.vector else 1)},
+        # Default: single envs share one pipelined thread, vector envs get a thread each.
+        manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None,
     )
     callbacks = [
         ModelSaver(),   # every epoch, into logdir; --resume and --load read it

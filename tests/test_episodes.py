@@ -181,7 +181,9 @@ def test_ale_runs_with_the_same_base_seed_play_the_same_games():
         runners = [EnvRunner(env, None, ReplayMemory(1000, (128,), 4), 4, seed=3, index=i,
                              episode_starts=scheduler, on_episode_end=records)
                    for i, env in enumerate(envs)]
-        with EnvRunnerManager(runners, maximum_staleness=2) as mgr:
+        # One pipelined thread gives the runners requests in turn: with a thread per runner,
+        # which runner takes a request depends on scheduling (a seeded reset holds the GIL).
+        with EnvRunnerManager(runners, maximum_staleness=2, simulator_threads=1) as mgr:
             for _ in range(2 * games * 50 + 10):
                 mgr.step(1.0)
         return {key: (r.seed, r.score, r.length, envs[r.runner].digests[r.episode])

@@ -278,3 +278,36 @@ def test_vector_env_players_insert_num_envs_per_request():
     # One runner (inline): every request steps its 3 sub-envs; an autoreset step stores nothing.
     requests = stream.fill_steps + 29 * 4
     assert 3 * requests * 0.75 <= steps <= 3 * requests
+
+
+@pytest.mark.parametrize('manager_kwargs,pipelined,threads', [
+    (None, True, ['InferenceThread', 'SimulatorThread-0']),
+    ({'simulator_threads': None}, False, ['SimulatorThread-0', 'SimulatorThread-1', 'SimulatorThread-2'])],
+    ids=['default', 'thread-per-player'])
+def test_several_single_env_players_default_to_one_pipelined_thread(manager_kwargs, pipelined, threads):
+    factory = EnvFactory()
+    stream = make_stream(factory, prefer(1), num_parallel_players=3, exploration=0.5,
+                         manager_kwargs=manager_kwargs)
+    with stream:
+        for k, batch in enumerate(stream, start=1):
+            check_batch(batch, factory.envs, HISTORY)
+            if k == 20:
+                break
+        assert stream._population.manager.pipelined == pipelined
+        assert sorted(our_threads()) == threads
+        assert all(env.steps_taken > 0 for env in factory.envs.values())   # every player steps
+    assert our_threads() == []
+
+
+def test_vector_env_players_get_a_thread_each():
+    from gymnasium.vector import SyncVectorEnv
+    counter = iter(range(100))
+
+    def get_player():
+        return SyncVectorEnv([lambda: ScriptedEnv(next(counter)) for _ in range(2)])
+
+    stream = make_stream(get_player, prefer(1), num_parallel_players=2, init_memory_size=40)
+    with stream:
+        take(iter(stream), 5)
+        assert not stream._population.manager.pipelined
+        assert sorted(our_threads()) == ['SimulatorThread-0', 'SimulatorThread-1']
