@@ -460,7 +460,41 @@ _PLAIN_RESET = EpisodeStart()
 _AUTORESET = EpisodeStart(kind='autoreset')
 
 
-# --------------------------------------------------------------------------- BatchedPredictor
+# --------------------------------------------------------------------------- predictions: shared parts
+def _run_merged(predictor, batch):
+    """Call ``predictor`` once on the states of every request in ``batch``; rows per request."""
+    states = batch[0].states if len(batch) == 1 else np.concatenate([r.states for r in batch])
+    q = np.asarray(predictor(states)[0])
+    if q.ndim != 2 or q.shape[0] != len(states):
+        raise ValueError(f"predictor returned Q-values of shape {q.shape} for "
+                         f"{len(states)} states; expected ({len(states)}, num_actions)")
+    return np.split(q, np.cumsum([len(r.states) for r in batch])[:-1])
+
+
+def _run_unlocked(cond, predictor, batch):
+    """Run ``predictor`` on ``batch`` with ``cond``'s lock released (the caller holds it), then
+    give each request its rows, or the predictor's exception to every one of them."""
+    cond.release()
+    try:
+        results, error = _run_merged(predictor, batch), None
+    except BaseException as err:
+        results, error = None, err
+    finally:
+        cond.acquire()
+    for k, req in enumerate(batch):   # close() may have failed some already
+        req.complete(None if results is None else results[k], error)
+
+
+def _close_queue(owner):
+    """Mark a BatchedPredictor / InferenceThread closed and fail its queued and running
+    requests with ManagerClosed, waking their callers (its lock is held)."""
+    owner._closed = True
+    for req in list(owner._queue) + owner._running:
+        req.complete(None, ManagerClosed("closed"))
+    owner._queue.clear()
+    owner._cond.notify_all()
+
+
 class _Prediction:
     """One caller's states and, once its batch ran, its rows of Q-values or the error."""
     __slots__ = ('states', 'arrived', 'done', 'result', 'error', 'lead', 'group', '_woken', '_ready')
@@ -608,15 +642,7 @@ class BatchedPredictor:
                     if batch is None:
                         break                  # closed: close() completed every request
                     self._running = batch
-                    self._cond.release()       # run the predictor without the lock
-                    try:
-                        results, error = self._run(batch), None
-                    except BaseException as err:   # delivered to every caller of the batch
-                        results, error = None, err
-                    finally:
-                        self._cond.acquire()
-                    for k, req in enumerate(batch):   # close() may have failed some already
-                        req.complete(None if results is None else results[k], error)
+                    _run_unlocked(self._cond, self.predictor, batch)
                     self._running = []
             finally:
                 if self._queue and not self._closed:
@@ -647,9 +673,6 @@ class BatchedPredictor:
         self.max_rows_seen = max(self.max_rows_seen, rows)
         return batch
 
-    def _run(self, batch):
-        return _run_merged(self.predictor, batch)
-
     def wait_for_queued(self, n, timeout):
         """Block until ``n`` requests wait for the predictor (or close); for tests and monitoring."""
         with self._cond:
@@ -666,27 +689,12 @@ class BatchedPredictor:
         and the leader's thread continues when the call returns.
         """
         with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            for req in list(self._queue) + self._running:
-                req.complete(None, ManagerClosed("closed"))
-            self._queue.clear()
-            self._queued_rows = 0
-            self._cond.notify_all()
+            if not self._closed:
+                self._queued_rows = 0
+                _close_queue(self)
 
 
 # --------------------------------------------------------------------------- InferenceThread
-def _run_merged(predictor, batch):
-    """Call ``predictor`` once on the states of every request in ``batch``; rows per request."""
-    states = batch[0].states if len(batch) == 1 else np.concatenate([r.states for r in batch])
-    q = np.asarray(predictor(states)[0])
-    if q.ndim != 2 or q.shape[0] != len(states):
-        raise ValueError(f"predictor returned Q-values of shape {q.shape} for "
-                         f"{len(states)} states; expected ({len(states)}, num_actions)")
-    return np.split(q, np.cumsum([len(r.states) for r in batch])[:-1])
-
-
 class InferenceThread:
     """Runs a predictor in a thread of its own on the states that simulator threads submit.
 
@@ -752,15 +760,7 @@ class InferenceThread:
                     self.rows += rows
                     self.max_rows_seen = max(self.max_rows_seen, rows)
                     self._running = batch
-                    self._cond.release()       # run the predictor without the lock
-                    try:
-                        results, error = _run_merged(self.predictor, batch), None
-                    except BaseException as err:   # delivered to every request of the batch
-                        results, error = None, err
-                    finally:
-                        self._cond.acquire()
-                    for k, req in enumerate(batch):   # close() may have failed them already
-                        req.complete(None if results is None else results[k], error)
+                    _run_unlocked(self._cond, self.predictor, batch)
                     self._running = []
 
     def _fits(self, first, rows):
@@ -776,13 +776,8 @@ class InferenceThread:
         returns.
         """
         with self._cond:
-            if self._closed:
-                return
-            self._closed = True
-            for req in list(self._queue) + self._running:
-                req.complete(None, ManagerClosed("closed"))
-            self._queue.clear()
-            self._cond.notify_all()
+            if not self._closed:
+                _close_queue(self)
 
 
 # --------------------------------------------------------------------------- EnvRunnerManager
