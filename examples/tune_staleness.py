@@ -56,8 +56,11 @@ def build_parser():
                    help='ALE only: each player is an ale-py AtariVectorEnv of N sub-envs')
     p.add_argument('--env-ms', type=float, default=0.5, help="'cheap' env: milliseconds per step")
     p.add_argument('--players', type=int, nargs='+', default=[1, 2, 4],
-                   help='values of num_parallel_players to try (one simulator thread each; a single '
-                        "player is stepped inline in the learner's thread: no queue, no lag)")
+                   help="values of num_parallel_players to try (a single player is stepped inline in "
+                        "the learner's thread: no queue, no lag)")
+    p.add_argument('--simulator-threads', default='auto', choices=['auto', 'one', 'per-player'],
+                   help="auto (as ExpReplay): one pipelined thread for single envs, one thread per "
+                        "player with --vector; 'one' / 'per-player' force either")
     p.add_argument('--staleness', type=int, nargs='+', default=[1, 2, 4, 8, 16],
                    help='values of maximum_staleness to try (step requests allowed to be pending)')
     p.add_argument('--predictor', choices=['auto', 'nature', 'mlp', 'numpy'], default='auto',
@@ -208,7 +211,8 @@ def measure(args, make_player, frame_shape, dtype, history, predictor, players, 
     runners = [ProbedRunner(make_player(), predictor, memory, history, seed=args.seed, index=i, probe=probe)
                for i in range(players)]
     rng = np.random.default_rng(args.seed)
-    with EnvRunnerManager(runners, staleness) as manager:
+    one = args.simulator_threads == 'one' or (args.simulator_threads == 'auto' and not args.vector)
+    with EnvRunnerManager(runners, staleness, simulator_threads=1 if one else None) as manager:
         # Fill with the measuring epsilon, so that the predictor is warm too.
         while memory.num_steps_written < max(args.init_memory_size, args.batch_size):
             probe.issue()
