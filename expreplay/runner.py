@@ -824,9 +824,11 @@ class EnvRunnerManager:
     forward pass runs, finishes the other group's steps (the env steps, the memory writes).
     Each accepted request is one step of one runner (the runner idle longest). This is the mode
     for envs that hold the GIL, like single ALE envs: on 2 cores, 8 Pong runners on one thread
-    wrote 1.4-1.7x the steps/s of 8 threads (``benchmarks/bench_population.py``). For envs that
+    wrote 1.2-1.6x the steps/s of 8 threads (``benchmarks/bench_population.py``). For envs that
     release the GIL (``AtariVectorEnv``, subprocess vector envs), a thread per runner lets
-    their steps overlap each other. The staleness guarantee below holds in both modes.
+    their steps overlap each other. Both groups are full only while ``maximum_staleness`` is at
+    least the thread's runner count (plus a few queued requests): a smaller window leaves them
+    partly empty. The staleness guarantee below holds in both modes.
 
     Inference: runners that share a predictor share one :class:`BatchedPredictor`, which
     merges the states of all runners needing a greedy action at once into one call (at most
