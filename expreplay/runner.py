@@ -720,6 +720,7 @@ class InferenceThread:
         self._queue = collections.deque()   # submitted, not yet in a call; oldest first
         self._running = []                  # requests inside the predictor right now
         self._closed = False
+        self._failure = None                # what ended the thread, if not close()
         self.calls = 0                      # predictor calls and rows, for statistics
         self.rows = 0
         self.max_rows_seen = 0
@@ -730,7 +731,8 @@ class InferenceThread:
         """Queue one request per array of states, all in the same batch-to-be; returns them.
 
         Call ``req.wait()`` on each, then read ``req.result`` (its Q-values) or ``req.error``
-        (the predictor's exception, or :class:`ManagerClosed`).
+        (the predictor's exception, or :class:`ManagerClosed`). Raises :class:`ManagerClosed`
+        after :meth:`close`, :class:`PredictorError` if the thread itself failed.
         """
         reqs = [_Prediction(s) for s in states_list]
         group = object()
@@ -739,29 +741,42 @@ class InferenceThread:
         with self._cond:
             if self._closed:
                 raise ManagerClosed("the inference thread is closed")
+            if self._failure is not None:
+                raise PredictorError(f"{self.thread.name} failed: {self._failure!r}") from self._failure
             self._queue.extend(reqs)
             self._cond.notify()
         return reqs
 
     def _serve(self):
-        with self._thread_context():
+        try:
+            with self._thread_context():
+                self._serve_requests()
+        except BaseException as err:   # e.g. thread_context raised: no request may wait forever
             with self._cond:
-                while True:
-                    while not self._queue and not self._closed:
-                        self._cond.wait()
-                    if self._closed:
-                        return
-                    batch, rows = [], 0
-                    while self._queue and (not batch or self._fits(batch[0], rows)):
-                        req = self._queue.popleft()
-                        batch.append(req)
-                        rows += len(req.states)
-                    self.calls += 1
-                    self.rows += rows
-                    self.max_rows_seen = max(self.max_rows_seen, rows)
-                    self._running = batch
-                    _run_unlocked(self._cond, self.predictor, batch)
-                    self._running = []
+                self._failure = err
+                for req in list(self._queue) + self._running:
+                    req.complete(None, err)
+                self._queue.clear()
+                self._cond.notify_all()
+
+    def _serve_requests(self):
+        with self._cond:
+            while True:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                batch, rows = [], 0
+                while self._queue and (not batch or self._fits(batch[0], rows)):
+                    req = self._queue.popleft()
+                    batch.append(req)
+                    rows += len(req.states)
+                self.calls += 1
+                self.rows += rows
+                self.max_rows_seen = max(self.max_rows_seen, rows)
+                self._running = batch
+                _run_unlocked(self._cond, self.predictor, batch)
+                self._running = []
 
     def _fits(self, first, rows):
         """Can the next queued request join the call that ``first`` opened (``rows`` so far)?"""
@@ -822,7 +837,9 @@ class EnvRunnerManager:
     group's steps (random actions drawn, states gathered), submits their states to an
     :class:`InferenceThread` (``InferenceThread``; one per distinct predictor) and, while that
     forward pass runs, finishes the other group's steps (the env steps, the memory writes).
-    Each accepted request is one step of one runner (the runner idle longest). This is the mode
+    Each accepted request is one step of one of the taking thread's runners (the one idle
+    longest); threads take requests as they can, so with runners not divisible among the
+    threads, those of a thread with fewer runners step more often. This is the mode
     for envs that hold the GIL, like single ALE envs: on 2 cores, 8 Pong runners on one thread
     wrote 1.2-1.6x the steps/s of 8 threads (``benchmarks/bench_population.py``). For envs that
     release the GIL (``AtariVectorEnv``, subprocess vector envs), a thread per runner lets
@@ -1028,6 +1045,8 @@ class EnvRunnerManager:
                             return
                     finally:
                         self._finish(req)
+        except BaseException as err:   # thread_context failed (the loop handles the rest)
+            self._record_fault(name, err)
         finally:
             with self._lock:
                 closing = self._closed
@@ -1070,6 +1089,8 @@ class EnvRunnerManager:
                         idle.extend(i for i, _, _ in entries)
                         if not ok:
                             return
+        except BaseException as err:   # thread_context failed (the loop handles the rest)
+            self._record_fault(name, err)
         finally:
             for entries in inflight:       # closed or failed: those Q-values will not be used
                 for i, req, _ in entries:
@@ -1089,18 +1110,24 @@ class EnvRunnerManager:
         thread.
         """
         entries, by_batcher = [], {}
-        for i, req in zip(members, reqs):
+
+        def give_up(k):   # abort what began, book every request of the group; stop the thread
+            for j, r, _ in entries:
+                self._runners[j].abort_step()
+            self._finish(*[r for _, r, _ in entries], *reqs[k:])
+            return None
+
+        for k, (i, req) in enumerate(zip(members, reqs)):
+            if self._closed:                      # close(): no new step begins
+                return give_up(k)
             runner = self._runners[i]
             try:
                 states = runner.begin_step(req.exploration)   # the first one resets the env
             except BaseException as err:
-                self._finish(req)
                 if self._handle_fault(f'{name} (runner {i})', runner, err):
+                    self._finish(req)             # restarted: this request took no step
                     continue
-                for j, r, _ in entries:
-                    self._runners[j].abort_step()
-                    self._finish(r)
-                return None
+                return give_up(k)
             entries.append([i, req, None])
             if len(states):
                 by_batcher.setdefault(id(self._batcher_of[i]), []).append((len(entries) - 1, states))
@@ -1109,10 +1136,10 @@ class EnvRunnerManager:
             try:
                 preds = batcher.submit([states for _, states in items])
             except ManagerClosed:
-                for j, r, _ in entries:
-                    self._runners[j].abort_step()
-                    self._finish(r)
-                return None
+                return give_up(len(reqs))
+            except PredictorError as err:         # the inference thread died
+                self._handle_fault(name, self._runners[entries[items[0][0]][0]], err)
+                return give_up(len(reqs))
             for (k, _), pred in zip(items, preds):
                 entries[k][2] = pred
         return [tuple(e) for e in entries]
@@ -1123,8 +1150,9 @@ class EnvRunnerManager:
         for i, req, pred in entries:
             runner = self._runners[i]
             try:
-                if not ok:
+                if not ok or self._closed:        # failed, or close(): no further env step
                     runner.abort_step()
+                    ok = False
                     continue
                 q_values = None
                 if pred is not None:
@@ -1180,12 +1208,16 @@ class EnvRunnerManager:
                 return True
             except Exception as restart_err:
                 err = restart_err
+        self._record_fault(name, err)
+        return False
+
+    def _record_fault(self, name, err):
+        """The manager has failed: step() and wait_idle() raise it from now on."""
         with self._lock:
             if self._fault is None:
                 self._fault = (name, err)
             self._space.notify_all()
             self._work.notify_all()
-        return False
 
     # ------------------------------------------------------------------ statistics
     def _collect_games(self, clear_total_scores=False):

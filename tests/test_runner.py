@@ -15,7 +15,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay import ReplayMemory
 from expreplay.runner import (BatchedPredictor, EnvError, EnvRunner, EnvRunnerManager,
-                              InferenceThread, ManagerClosed, PredictorError)
+                              InferenceThread, ManagerClosed, PredictorError, RunnerError)
 from scripted_env import (OldApiScriptedEnv, ScriptedEnv, ScriptedEnvError, check_batch, decode,
                           encode)
 
@@ -824,6 +824,85 @@ def test_failed_env_is_restarted_and_counted(threads):
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs, n_batches=3)
 
+
+
+class FailingBegin(RecordingRunner):
+    """An EnvRunner whose ``fail_at``-th begin_step raises an EnvError (as a failed reset)."""
+
+    def __init__(self, runner, fail_at):
+        super().__init__(runner, lambda i: None, lambda i: None)
+        self.fail_at, self.begins = fail_at, 0
+
+    def begin_step(self, exploration):
+        self.begins += 1
+        if self.begins == self.fail_at:
+            raise EnvError("scripted begin_step failure")
+        return super().begin_step(exploration)
+
+
+@pytest.mark.parametrize('restarts', [0, 1])
+def test_pipelined_begin_step_failure_books_every_request(restarts):
+    envs = {i: ScriptedEnv(i) for i in range(4)}
+    mem = ReplayMemory(500, (6,), H)
+    pred = StepPredictor()
+    inner = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(4)]
+    runners = [FailingBegin(r, fail_at=30 if i == 2 else None) for i, r in enumerate(inner)]
+    mgr = EnvRunnerManager(runners, 8, simulator_threads=1, max_restarts=restarts)
+    if restarts:
+        for _ in range(300):
+            mgr.step(0.0)
+        mgr.wait_idle(GUARD)
+        assert mgr.stats()['restarts'] == 1
+    else:
+        with pytest.raises(EnvError, match=r'\(runner 2\)'):
+            for _ in range(10_000):
+                mgr.step(0.0)
+        (thread,) = mgr._threads
+        thread.join(GUARD)                            # the failed thread stops by itself
+        assert not thread.is_alive()
+    stats = mgr.stats()
+    mgr.close()
+    # Every request the thread took was booked as finished (queued ones were never taken).
+    assert stats['queue_depth'] - stats['queued'] == 0
+    assert all(r._pending is None for r in inner)     # no step left half begun
+    greedy_ok(envs)
+    assert_all_stored(envs, mem)
+    sample_and_check(mem, envs, n_batches=3)
+
+
+@pytest.mark.parametrize('failing', ['InferenceThread', 'SimulatorThread'])
+def test_a_thread_whose_context_fails_fails_the_manager(failing):
+    class Context:
+        def __enter__(self):
+            if threading.current_thread().name.startswith(failing):
+                raise RuntimeError('no graph here')
+
+        def __exit__(self, *exc):
+            pass
+
+    mem = ReplayMemory(100, (6,), H)
+    runners = [EnvRunner(ScriptedEnv(i), StepPredictor(), mem, H, index=i) for i in range(3)]
+    mgr = EnvRunnerManager(runners, 2, simulator_threads=1, thread_context=Context)
+    with pytest.raises(RunnerError) as info:      # not a hang once the window is full
+        _step_until_raises(mgr)
+    assert isinstance(info.value.__cause__, RuntimeError) and 'no graph here' in str(info.value)
+    mgr.close()
+
+
+def test_pipelined_stats_count_one_call_per_group():
+    envs = {i: ScriptedEnv(i) for i in range(4)}
+    mem = ReplayMemory(500, (6,), H)
+    pred = StepPredictor()
+    runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(4)]
+    with EnvRunnerManager(runners, 8, simulator_threads=1) as mgr:
+        for _ in range(200):
+            mgr.step(0.0)
+        mgr.wait_idle(GUARD)
+        s = mgr.stats()
+    # Exploration 0: every step is one predicted row; a group holds two runners.
+    assert s['steps'] == 200 and round(s['inference_calls'] * s['mean_inference_batch']) == 200
+    assert s['max_inference_batch'] == 2 == max(pred.batch_sizes)
+    assert s['inference_calls'] == len(pred.batch_sizes)
 
 # ----------------------------------------------------------------------------- shutdown
 @pytest.mark.parametrize('threads', [PER_RUNNER, PIPELINED_1, PIPELINED_2])
