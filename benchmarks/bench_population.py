@@ -472,30 +472,26 @@ def main():
 
     # ------------------------------------------------------------------ targets
     print("\ntargets (issue 3), exploration 0.1:")
+    def report(label, d, raw_rate, target):
+        r = med(d['ratio'])
+        print(f"  {label}: {r:.2f} of the raw rate ({med(d['rate']):.0f} vs raw {raw_rate:.0f} "
+              f"steps/s)   target >= {target:.2f}   {'PASS' if r >= target else 'FAIL'}")
+        return r >= target
+
     ok_all = True
     big = str(max(runner_counts))
     if 0.1 in explorations and big == '8':
         best = max(((s, m) for s in stalenesses for m in ('', 'p') if (big, 0.1, s, m) in res),
                    key=lambda sm: med(res[(big, 0.1) + sm]['ratio']))
-        d = res[(big, 0.1) + best]
-        r = med(d['ratio'])
-        ok = r >= 0.60
-        ok_all &= ok
-        print(f"  8 single-env runners: {r:.2f} of the raw rate of the same 8 envs (best: staleness {best[0]}{MODE_NAMES[best[1]]}: "
-              f"{med(d['rate']):.0f} vs raw {med(raw[big]):.0f} steps/s)   target >= 0.60   "
-              f"{'PASS' if ok else 'FAIL'}")
+        ok_all &= report(f"8 single-env runners, best: staleness {best[0]}{MODE_NAMES[best[1]]}",
+                         res[(big, 0.1) + best], med(raw[big]), 0.60)
     else:
         print("  8 single-env runners: not measured (needs 8 in --runners and 0.1 in --exploration)")
         ok_all = False
     vkey = f'vec{args.vector_envs}'
     if 0.1 in explorations and venv is not None:
-        d = res[(vkey, 0.1, None, '')]
-        r = med(d['ratio'])
-        ok = r >= 0.50
-        ok_all &= ok
-        print(f"  vector-env runner ({args.vector_envs} envs): {r:.2f} of the vector env's raw rate "
-              f"({med(d['rate']):.0f} vs raw {med(raw[vkey]):.0f} steps/s)   target >= 0.50   "
-              f"{'PASS' if ok else 'FAIL'}")
+        ok_all &= report(f"vector-env runner ({args.vector_envs} envs)", res[(vkey, 0.1, None, '')],
+                         med(raw[vkey]), 0.50)
     else:
         print("  vector-env runner: not measured")
         ok_all = False
