@@ -1,0 +1,85 @@
+"""Argument checks shared by every public constructor and call.
+
+One rule per kind of argument, each raising an error that names the argument, so that the same
+bad value is refused the same way wherever it is passed (``ReplayMemory``, ``EnvRunner``,
+``EnvRunnerManager``, ``ReplayStream``, ``ExpReplay``).
+"""
+
+import math
+import numbers
+
+import numpy as np
+
+__all__ = ['check_int', 'check_probability', 'check_timeout', 'check_real', 'check_bool',
+           'check_callable']
+
+
+def check_int(value, name, minimum=None, maximum=None, *, allow_float=False):
+    """``value`` as an int, refusing bools, strings and fractions.
+
+    ``allow_float``: a whole float (``1e6``, which tensorpack's DQN.py passes as a size) is
+    accepted; ``4.9``, ``inf`` and NaN are not.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if isinstance(value, numbers.Integral):
+        out = int(value)
+    elif allow_float and isinstance(value, numbers.Real):
+        if not math.isfinite(value) or value != math.floor(value):
+            raise ValueError(f"{name} must be a whole number, got {value!r}")
+        out = int(value)
+    else:
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and out > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+    return out
+
+
+def check_real(value, name, minimum=None, maximum=None, *, finite=True):
+    """``value`` as a float; bools and non-numbers refused, NaN always, inf unless not ``finite``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    out = float(value)
+    if math.isnan(out) or (finite and math.isinf(out)):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    if maximum is not None and out > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
+    return out
+
+
+def check_probability(value, name):
+    """A probability in [0, 1]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
+            or not 0.0 <= float(value) <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+    return float(value)
+
+
+def check_timeout(value, name, *, allow_none=False):
+    """Seconds to wait: >= 0; ``float('inf')`` means wait forever (returned as None when
+    ``allow_none``, the form ``threading`` waits take); negative or NaN refused."""
+    if value is None and allow_none:
+        return None
+    out = check_real(value, name, minimum=0.0, finite=False)
+    if math.isinf(out):
+        return None if allow_none else out
+    return out
+
+
+def check_bool(value, name):
+    """A bool (numpy's too); 'no', 1.0 or NaN are refused."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
+def check_callable(value, name, *, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if not callable(value):
+        raise TypeError(f"{name} must be callable, got {value!r}")
+    return value
