@@ -71,8 +71,10 @@ def check_timeout(value, name, *, allow_none=False):
 
 
 def check_bool(value, name):
-    """A bool (numpy's too); 'no', 1.0 or NaN are refused."""
+    """A bool (numpy's too, or the integers 0 and 1); 'no', 1.0 or NaN are refused."""
     if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, numbers.Integral) and value in (0, 1):
         return bool(value)
     raise TypeError(f"{name} must be a bool, got {value!r}")
 

@@ -1,9 +1,10 @@
 """Environment adapters: one acting interface over the env APIs a runner may be given.
 
-A runner (:class:`expreplay.runner.EnvRunner`) should not care which flavour of environment it
+A runner (:class:`expreplay.acting.EnvRunner`) should not care which flavour of environment it
 drives, so this module turns each of them into the same small protocol, :class:`EnvAdapter`:
-``num_envs`` sub-environments stepped together, reporting per sub-environment what happened as
-:class:`Step` and :class:`Reset` events.
+``num_envs`` sub-environments, whose results come back as arrays (:class:`Results`), so that
+the acting path handles a batch of sub-environments with numpy operations instead of a Python
+loop over them.
 
 Supported players (detected by :func:`adapt_env`):
 
@@ -12,10 +13,15 @@ Supported players (detected by :func:`adapt_env`):
   seeded through ``env.seed(s)`` when it has that method; a time-limit end is recognised from
   ``info['TimeLimit.truncated']``. An env that is neither subclass is classified by what its
   first ``reset()`` returns and checked again at its first ``step()``;
-* a gymnasium ``VectorEnv`` (e.g. ``SyncVectorEnv``, ``AsyncVectorEnv`` or
-  ``ale_py.vector_env.AtariVectorEnv``) in any of the three autoreset modes.
+* a gymnasium ``VectorEnv`` (e.g. ``SyncVectorEnv``, ``AsyncVectorEnv``,
+  ``ale_py.vector_env.AtariVectorEnv``, a synchronous EnvPool) in any of the three autoreset
+  modes;
+* an asynchronous engine with EnvPool's ``async_reset()`` / ``recv()`` / ``send(actions,
+  env_id)`` (EnvPool with ``batch_size < num_envs``, :class:`expreplay.ray.RayVectorEnv`):
+  :class:`AsyncVectorAdapter`. ``recv`` returns the sub-environments that are ready; their
+  next actions go back with ``send`` while the engine steps the others.
 
-Also here: :class:`FrameFormat` (observation -> memory frame) and :class:`FrameHistory` (the
+Also here: :class:`FrameFormat` (observations -> memory frames) and :class:`FrameHistory` (the
 last ``history_len`` frames of each sub-environment's current episode, which is what the
 predictor sees).
 
@@ -24,77 +30,82 @@ This module does not import gymnasium unless it is installed; nothing here impor
 
 import inspect
 import math
+import warnings
 from typing import NamedTuple, Optional
 
 import numpy as np
 
 from ._gather import gather_frames
-from .memory import as_frame
+from .memory import as_frame, as_frames
 
-__all__ = ['Step', 'Reset', 'EnvAdapter', 'SingleEnvAdapter', 'VectorEnvAdapter', 'adapt_env',
-           'FrameFormat', 'FrameHistory']
+__all__ = ['Results', 'EnvAdapter', 'SingleEnvAdapter', 'VectorEnvAdapter', 'AsyncVectorAdapter',
+           'adapt_env', 'FrameFormat', 'FrameHistory', 'NO_LIVES']
 
 try:  # gymnasium is an optional dependency (extra 'atari'); duck typing covers the rest.
     import gymnasium as _gym
 except ImportError:  # pragma: no cover - exercised only without gymnasium
     _gym = None
 
+NO_LIVES = -1   # lives value of a sub-env that reports none
 
-class Step(NamedTuple):
-    """One sub-environment took the action it was given.
 
-    ``obs`` is the observation after the step; when the episode ended with this step it is the
-    final observation (the true next state, also for a truncated end). ``lives`` is the
-    remaining lives reported in ``info['lives']`` (Atari), or None.
+class Results(NamedTuple):
+    """What some sub-environments reported, row ``j`` for sub-env ``env_ids[j]``.
+
+    A row is either a *step* (the sub-env took the action it was given: ``obs`` is the
+    observation after it, the final observation when the episode ended, also for a truncated
+    end) or, where ``started[j]``, the *first observation of a new episode* (after a reset, an
+    autoreset, or a restarted remote actor; ``reward`` / ``terminated`` / ``truncated`` are
+    meaningless there, and an episode the sub-env was in ends without a further step).
+    ``lives`` is ``info['lives']`` per row (Atari), :data:`NO_LIVES` where none is reported,
+    or None when the env reports none at all. ``started`` None means no row is a start.
     """
+    env_ids: np.ndarray
     obs: np.ndarray
-    reward: float
-    terminated: bool
-    truncated: bool
-    lives: Optional[int]
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    lives: Optional[np.ndarray]
+    started: Optional[np.ndarray]
 
 
-class Reset(NamedTuple):
-    """A sub-environment started a new episode; ``obs`` is its first observation."""
-    obs: np.ndarray
-    lives: Optional[int]
+def _started_results(env_ids, obs, lives):
+    n = len(env_ids)
+    return Results(np.asarray(env_ids, np.int64), obs, np.zeros(n), np.zeros(n, bool),
+                   np.zeros(n, bool), lives, np.ones(n, bool))
 
 
 def _lives_from_info(info):
     lives = info.get('lives') if isinstance(info, dict) else None
-    return None if lives is None else int(lives)
+    return NO_LIVES if lives is None else int(lives)
 
 
 class EnvAdapter:
     """What a runner needs from an environment, whatever its API.
 
-    ``num_envs`` sub-environments are stepped together. A sub-environment whose episode ended
-    must not be stepped again until the adapter reports a :class:`Reset` for it; the runner
-    still passes an action for it (any value), which is ignored.
-
-    Protocol:
-        ``reset(seed=None, options=None)`` -> list of ``num_envs`` :class:`Reset`: start every
-        sub-environment; ``seed`` is an int (a vector env seeds its sub-envs ``seed + i``), or
-        for a vector env a list of one seed (or None) per sub-environment; ``options`` goes to
-        ``reset(options=...)``.
-        ``step(actions)`` -> list of ``num_envs`` events, a :class:`Step`, a :class:`Reset`
-        (a vector env in NEXT_STEP autoreset mode resets a finished sub-environment on the
-        call after its end and ignores its action), or None (no news for that sub-environment).
-        ``reset_finished()`` -> dict {index: :class:`Reset`} for the sub-environments whose
-        episode ended in the last ``step`` and that can be reset right now. Called after the
-        runner has stored the step, so that a reset failure can not lose a stepped transition.
-        ``reset_finished(starts)`` with ``starts`` = {index: (seed, options)} resets those
-        sub-environments with that seed and those options; only meaningful when
-        ``controls_resets`` is True (the adapter, not the env, decides when to reset).
-        ``close()``.
-        ``can_clone_state``, ``clone_state(i, include_rng=False)``,
-        ``restore_state(i, state, prev_action=None)``: emulator snapshots (ALE), for restart
-        points; ``prev_action`` is the action of the step that led to the state.
+    Synchronous adapters (``is_async`` False):
+        ``reset(seed=None, options=None)`` -> :class:`Results` of every sub-env, all started.
+        ``seed`` is an int (a vector env seeds its sub-envs ``seed + i``) or, for a vector env,
+        a list of one seed (or None) per sub-env; ``options`` goes to ``reset(options=...)``.
+        ``step(actions)`` -> :class:`Results` of every sub-env. A sub-env whose episode ended
+        is not stepped again before it reports a start: in NEXT_STEP autoreset the next
+        ``step`` ignores its action and reports the start; otherwise
+        ``reset_finished(starts=None)`` -> :class:`Results` (or None) starts the finished ones
+        that can be reset now. It is called after the runner stored the step, so that a
+        reset failure can not lose a stepped transition. ``starts`` = {index: (seed, options)}
+        resets those sub-envs that way; only meaningful when ``controls_resets`` is True (the
+        adapter, not the env, decides when to reset).
+    Asynchronous adapters (``is_async`` True): ``reset(seed=None)`` starts the engine and
+        returns None; ``recv()`` -> :class:`Results` of the sub-envs that are ready (the first
+        time: started); ``send(actions, env_ids)`` gives them their next actions.
+    Both: ``close()``; ``can_clone_state``, ``clone_state(i, include_rng=False)``,
+    ``restore_state(i, state, prev_action=None)``: emulator snapshots (ALE), for restart points.
     """
 
     num_envs = 1
     num_actions = None   # from the action space when it is Discrete, else None
     controls_resets = True   # False when the env resets finished sub-envs by itself (autoreset)
+    is_async = False
 
     def reset(self, seed=None, options=None):
         raise NotImplementedError
@@ -103,7 +114,7 @@ class EnvAdapter:
         raise NotImplementedError
 
     def reset_finished(self, starts=None):
-        return {}
+        return None
 
     @property
     def can_clone_state(self):
@@ -133,6 +144,9 @@ def _describe(player):
 class SingleEnvAdapter(EnvAdapter):
     """One environment with the gymnasium API or the old gym API (detected).
 
+    Besides the protocol, :meth:`step_one` and :meth:`reset_one` work on scalars: the acting
+    path steps several single envs one call each and gathers their results into arrays itself.
+
     Args:
         player: the environment.
         api: ``'gymnasium'``, ``'old'``, or None to detect it from the first ``reset()``.
@@ -145,6 +159,7 @@ class SingleEnvAdapter(EnvAdapter):
         self.api = api
         self.num_actions = _discrete_n(getattr(player, 'action_space', None))
         self._done = False
+        self._step = player.step
         try:
             params = inspect.signature(player.reset).parameters
             self._reset_takes_seed = 'seed' in params or any(
@@ -153,10 +168,12 @@ class SingleEnvAdapter(EnvAdapter):
             self._reset_takes_seed = False
 
     def reset(self, seed=None, options=None):
-        self._done = False
-        return [self._reset(seed, options)]
+        obs, lives = self.reset_one(seed, options)
+        return _started_results(_ENV0, obs[None], None if lives == NO_LIVES else np.array([lives]))
 
-    def _reset(self, seed, options=None):
+    def reset_one(self, seed=None, options=None):
+        """Reset; ``(first observation, lives or NO_LIVES)``."""
+        self._done = False
         p = self.player
         if self.api == 'gymnasium' or (self.api is None and self._reset_takes_seed):
             kwargs = {}
@@ -180,21 +197,17 @@ class SingleEnvAdapter(EnvAdapter):
                 raise TypeError(f"player {_describe(p)}: reset() returned {type(result).__name__}, "
                                 "expected (obs, info) from a gymnasium-API env")
             obs, info = result
-            return Reset(obs, _lives_from_info(info))
-        return Reset(result, None)
+            return np.asarray(obs), _lives_from_info(info)
+        return np.asarray(result), NO_LIVES
 
-    def step(self, actions):
+    def step_one(self, action):
+        """Step with ``action``: ``(obs, reward, terminated, truncated, lives or NO_LIVES)``."""
         if self._done:
             raise RuntimeError("SingleEnvAdapter.step after the episode ended without a reset")
-        result = self.player.step(int(actions[0]))
-        if not isinstance(result, tuple) or len(result) not in (4, 5):
-            raise TypeError(f"player {_describe(self.player)}: step() returned "
-                            f"{type(result).__name__} of length {len(result) if isinstance(result, tuple) else '?'}, "
-                            "expected a 5-tuple (gymnasium) or a 4-tuple (old gym)")
-        if (len(result) == 5) != (self.api == 'gymnasium'):
-            raise TypeError(f"player {_describe(self.player)}: reset() and step() disagree on the API "
-                            f"(reset looked {self.api!r}, step returned a {len(result)}-tuple)")
-        if len(result) == 5:
+        result = self._step(action)
+        if type(result) is not tuple or len(result) != (5 if self.api == 'gymnasium' else 4):
+            self._bad_step_result(result)
+        if self.api == 'gymnasium':
             obs, reward, terminated, truncated, info = result
             terminated, truncated = bool(terminated), bool(truncated)
         else:
@@ -203,15 +216,29 @@ class SingleEnvAdapter(EnvAdapter):
             truncated = bool(done) and bool(isinstance(info, dict) and info.get('TimeLimit.truncated', False))
             terminated = bool(done) and not truncated
         self._done = terminated or truncated
-        return [Step(obs, float(reward), terminated, truncated, _lives_from_info(info))]
+        lives = info.get('lives') if info and type(info) is dict else None
+        return obs, reward, terminated, truncated, NO_LIVES if lives is None else int(lives)
+
+    def _bad_step_result(self, result):
+        if not isinstance(result, tuple) or len(result) not in (4, 5):
+            raise TypeError(f"player {_describe(self.player)}: step() returned "
+                            f"{type(result).__name__} of length {len(result) if isinstance(result, tuple) else '?'}, "
+                            "expected a 5-tuple (gymnasium) or a 4-tuple (old gym)")
+        raise TypeError(f"player {_describe(self.player)}: reset() and step() disagree on the API "
+                        f"(reset looked {self.api!r}, step returned a {len(result)}-tuple)")
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, lives = self.step_one(int(actions[0]))
+        return Results(_ENV0, np.asarray(obs)[None], np.array([float(reward)]), np.array([terminated]),
+                       np.array([truncated]), None if lives == NO_LIVES else np.array([lives]), None)
 
     def reset_finished(self, starts=None):
         if not self._done:
-            return {}
-        self._done = False
+            return None
         # Without a start: no seed, so the env continues its own random sequence.
         seed, options = (starts or {}).get(0, (None, None))
-        return {0: self._reset(seed, options)}
+        return self.reset(seed, options)
+
 
     def _ale(self):
         # Gymnasium's (and old gym's) Atari envs expose their ALEInterface as `unwrapped.ale`.
@@ -255,37 +282,76 @@ class SingleEnvAdapter(EnvAdapter):
             ale.act(action_set[action])
 
 
-class VectorEnvAdapter(EnvAdapter):
-    """A gymnasium ``VectorEnv`` (any autoreset mode).
 
-    * NEXT_STEP (gymnasium's default, ``AtariVectorEnv``'s): the step that ends an episode
-      returns the final observation; the next ``step`` resets that sub-environment, ignores
-      its action and returns the reset observation -> a :class:`Reset` event in ``step``.
-    * SAME_STEP: the ending step returns the reset observation and puts the final one in
-      ``info['final_obs']`` -> a :class:`Step` with the final observation, and the
-      :class:`Reset` from :meth:`reset_finished`.
-    * DISABLED: :meth:`reset_finished` resets the finished sub-environments with
-      ``reset(options={'reset_mask': ...})``.
-
-    Envs that return only part of the batch per step (``AtariVectorEnv(batch_size < num_envs)``)
-    are refused.
-    """
+class _VectorBase(EnvAdapter):
+    """What the synchronous and asynchronous vector adapters share: spaces, lives, restarts."""
 
     def __init__(self, player):
         self.player = player
         self.num_envs = int(player.num_envs)
-        batch = getattr(player, 'batch_size', self.num_envs)
-        if isinstance(batch, (int, np.integer)) and 0 < batch != self.num_envs:
+        self.num_actions = _discrete_n(getattr(player, 'single_action_space', None))
+        self._all = np.arange(self.num_envs, dtype=np.int64)
+        # Sub-envs whose episode ended: their next report is a start (NEXT_STEP autoreset).
+        self._ended = np.zeros(self.num_envs, bool)
+
+    def _lives(self, info, n):
+        """Per-row lives from a batched info dict (gymnasium masks absent keys), or None."""
+        lives = info.get('lives') if isinstance(info, dict) else None
+        if lives is None:
+            return None
+        lives = np.asarray(lives, np.int64).reshape(n)
+        mask = info.get('_lives')
+        return lives if mask is None else np.where(mask, lives, NO_LIVES)
+
+    @staticmethod
+    def _restarted(info, n):
+        """Rows whose remote actor was restarted (their episode was cut), or None."""
+        restarted = info.get('restarted') if isinstance(info, dict) else None
+        return None if restarted is None else np.asarray(restarted, bool).reshape(n)
+
+    def _next_step_results(self, env_ids, obs, reward, terminated, truncated, info):
+        """Results of a NEXT_STEP engine: a row of a sub-env that had ended is its start."""
+        n = len(env_ids)
+        started = self._ended[env_ids]
+        restarted = self._restarted(info, n)
+        if restarted is not None:
+            started = started | restarted
+        terminated = np.asarray(terminated, bool).reshape(n)
+        truncated = np.asarray(truncated, bool).reshape(n)
+        self._ended[env_ids] = (terminated | truncated) & ~started
+        return Results(env_ids, obs, np.asarray(reward, np.float64).reshape(n), terminated, truncated,
+                       self._lives(info, n), started if started.any() else None)
+
+
+class VectorEnvAdapter(_VectorBase):
+    """A gymnasium ``VectorEnv`` (any autoreset mode), stepped synchronously.
+
+    * NEXT_STEP (gymnasium's default, ``AtariVectorEnv``'s, EnvPool's): the step that ends an
+      episode returns the final observation; the next ``step`` resets that sub-environment,
+      ignores its action and returns the reset observation -> a started row.
+    * SAME_STEP: the ending step returns the reset observation and puts the final one in
+      ``info['final_obs']`` -> a step row with the final observation, and the start from
+      :meth:`reset_finished`.
+    * DISABLED: :meth:`reset_finished` resets the finished sub-environments with
+      ``reset(options={'reset_mask': ...})``.
+
+    Rows are put in sub-env order by ``info['env_id']`` when the env reports it (EnvPool).
+    ``info['restarted']`` (a remote actor was replaced, :class:`expreplay.ray.RayVectorEnv`)
+    marks rows that start a new episode. Envs that return only part of the batch per step
+    synchronously (``AtariVectorEnv(batch_size < num_envs)``) are refused.
+    """
+
+    def __init__(self, player):
+        super().__init__(player)
+        batch = _batch_size(player)
+        if batch is not None and 0 < batch != self.num_envs:
             raise ValueError(f"player {_describe(player)} returns batches of {batch} of its {self.num_envs} "
                              "sub-environments per step; use batch_size == num_envs")
-        space = getattr(player, 'single_action_space', None)
-        self.num_actions = _discrete_n(space)
         mode = (getattr(player, 'metadata', None) or {}).get('autoreset_mode', 'NextStep')
         self.mode = getattr(mode, 'value', mode)
         if self.mode not in ('NextStep', 'SameStep', 'Disabled'):
             raise ValueError(f"player {_describe(player)}: unknown autoreset_mode {mode!r}")
-        self._ended = np.zeros(self.num_envs, bool)   # episode ended, no reset seen yet
-        self._same_step_resets = {}
+        self._same_step_resets = None
         self.controls_resets = self.mode == 'Disabled'
         # ale_py's AtariVectorEnv takes seeds as an array over the sub-envs being reset (-1:
         # unseeded); gymnasium's vector envs as a list over all sub-envs (None: unseeded).
@@ -304,62 +370,65 @@ class VectorEnvAdapter(EnvAdapter):
             return np.array([-1 if s is None else int(s) for s in picked], np.int64)
         return [None if s is None else int(s) for s in seeds]
 
+    def _in_env_order(self, obs, info, *arrays):
+        ids = info.get('env_id') if isinstance(info, dict) else None
+        if ids is None:
+            return (obs,) + arrays
+        order = np.argsort(np.asarray(ids))
+        if (order == self._all).all():
+            return (obs,) + arrays
+        return tuple(np.asarray(a)[order] for a in (obs,) + arrays)
+
     def reset(self, seed=None, options=None):
         kwargs = {'seed': self._seed_arg(seed)}
         if options is not None:
             kwargs['options'] = dict(options)   # a copy: vector envs pop keys from it
         obs, info = self.player.reset(**kwargs)
+        (obs,) = self._in_env_order(obs, info)
         self._ended[:] = False
-        self._same_step_resets = {}
-        lives = self._lives(info)
-        return [Reset(obs[i], lives[i]) for i in range(self.num_envs)]
-
-    def _lives(self, info):
-        """Per-sub-environment lives from a batched info dict (gymnasium masks absent keys)."""
-        lives = info.get('lives') if isinstance(info, dict) else None
-        if lives is None:
-            return [None] * self.num_envs
-        mask = info.get('_lives')
-        return [int(lives[i]) if mask is None or mask[i] else None for i in range(self.num_envs)]
+        self._same_step_resets = None
+        return _started_results(self._all, obs, self._lives(info, self.num_envs))
 
     def step(self, actions):
         obs, reward, terminated, truncated, info = self.player.step(np.asarray(actions))
-        lives = self._lives(info)
-        events = []
-        for i in range(self.num_envs):
-            if self._ended[i]:
-                if self.mode == 'NextStep':
-                    # Autoreset step: the action was ignored and obs[i] is the reset observation.
-                    self._ended[i] = False
-                    events.append(Reset(obs[i], lives[i]))
-                else:
-                    events.append(None)
-                continue
-            term, trunc = bool(terminated[i]), bool(truncated[i])
-            final_obs = obs[i]
-            if (term or trunc) and self.mode == 'SameStep':
-                final_obs = info['final_obs'][i]
-                final_info = info.get('final_info', {})
-                self._same_step_resets[i] = Reset(obs[i], lives[i])
-                lives[i] = self._lives(final_info)[i] if final_info else None
-            events.append(Step(final_obs, float(reward[i]), term, trunc, lives[i]))
-            self._ended[i] = term or trunc
-        return events
+        obs, reward, terminated, truncated = self._in_env_order(obs, info, reward, terminated, truncated)
+        if self.mode == 'NextStep':
+            return self._next_step_results(self._all, obs, reward, terminated, truncated, info)
+        n = self.num_envs
+        terminated = np.asarray(terminated, bool).reshape(n)
+        truncated = np.asarray(truncated, bool).reshape(n)
+        ended = terminated | truncated
+        lives = self._lives(info, n)
+        if self.mode == 'SameStep' and ended.any():
+            idx = np.flatnonzero(ended)
+            final_lives = self._lives(info.get('final_info') or {}, n)
+            self._same_step_resets = _started_results(
+                idx, np.asarray(obs)[idx], None if lives is None else lives[idx])
+            obs = np.array(obs)
+            obs[idx] = np.stack([np.asarray(info['final_obs'][i]) for i in idx])
+            if lives is not None:
+                lives = lives.copy()
+                lives[idx] = NO_LIVES if final_lives is None else final_lives[idx]
+        self._ended |= ended
+        return Results(self._all, obs, np.asarray(reward, np.float64).reshape(n), terminated,
+                       truncated, lives, None)
 
     def reset_finished(self, starts=None):
         if self.mode == 'SameStep':
-            resets, self._same_step_resets = self._same_step_resets, {}
-            self._ended[list(resets)] = False
+            resets, self._same_step_resets = self._same_step_resets, None
+            if resets is not None:
+                self._ended[resets.env_ids] = False
             return resets
         if self.mode == 'Disabled' and self._ended.any():
             if not starts:
                 mask = self._ended.copy()
                 obs, info = self.player.reset(options={'reset_mask': mask})
-                lives = self._lives(info)
                 self._ended[:] = False
-                return {int(i): Reset(obs[i], lives[i]) for i in np.flatnonzero(mask)}
+                idx = np.flatnonzero(mask)
+                lives = self._lives(info, self.num_envs)
+                return _started_results(idx, np.asarray(obs)[idx], None if lives is None else lives[idx])
             return self._reset_masked(starts)
-        return {}
+        return None
 
     def _reset_masked(self, starts):
         """Reset the ended sub-envs with their own seeds; one reset call per distinct options."""
@@ -372,17 +441,76 @@ class VectorEnvAdapter(EnvAdapter):
                     break
             else:
                 groups.append((options, [int(i)]))
-        out = {}
+        ids, obs, lives = [], [], []
         for options, members in groups:
             mask = np.zeros(self.num_envs, bool)
             mask[members] = True
             seeds = [starts.get(i, (None, None))[0] if mask[i] else None for i in range(self.num_envs)]
-            obs, info = self.player.reset(seed=self._seed_arg(seeds, mask),
+            out, info = self.player.reset(seed=self._seed_arg(seeds, mask),
                                           options=dict(options or {}, reset_mask=mask))
-            lives = self._lives(info)
+            got = self._lives(info, self.num_envs)
             self._ended[mask] = False
-            out.update({i: Reset(obs[i], lives[i]) for i in members})
-        return out
+            ids += members
+            obs.append(np.asarray(out)[members])
+            lives.append(np.full(len(members), NO_LIVES) if got is None else got[members])
+        return _started_results(np.array(ids), np.concatenate(obs), np.concatenate(lives))
+
+
+class AsyncVectorAdapter(_VectorBase):
+    """An engine with EnvPool's asynchronous API: ``async_reset()``, ``recv()``, ``send()``.
+
+    EnvPool with ``batch_size < num_envs`` (its C++ threads step the other sub-envs while the
+    runner predicts for the ones ``recv`` returned), :class:`expreplay.ray.RayVectorEnv` (remote
+    actors), or anything with the same three methods. ``recv`` -> ``(obs, reward,
+    terminated, truncated, info)`` for the ready sub-envs, ``info['env_id']`` saying which;
+    ``send(actions, env_id)``. Autoreset is NEXT_STEP (EnvPool's): a sub-env that ended reports
+    its next episode's first observation on its next ``recv``, its action ignored.
+
+    EnvPool is seeded when it is made (``envpool.make(..., seed=s)``); a ``seed`` given to
+    :meth:`reset` can not reach it and is ignored with a warning.
+    """
+
+    is_async = True
+    controls_resets = False
+
+    def __init__(self, player):
+        super().__init__(player)
+        try:
+            params = inspect.signature(player.send).parameters
+            self._send_takes_ids = 'env_id' in params or len(params) >= 2
+        except (TypeError, ValueError):
+            self._send_takes_ids = True
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            warnings.warn(f"player {_describe(self.player)} is seeded when it is made (e.g. "
+                          f"envpool.make(..., seed=...)); reset seed {seed!r} is ignored",
+                          RuntimeWarning, stacklevel=3)
+        if options is not None:
+            raise TypeError(f"player {_describe(self.player)} is asynchronous: its resets take no "
+                            f"options (got {options!r})")
+        self.player.async_reset()
+        self._ended[:] = True     # every sub-env's first report is the start of an episode
+
+    def recv(self):
+        obs, reward, terminated, truncated, info = self.player.recv()
+        env_ids = np.asarray(info['env_id'], np.int64)
+        return self._next_step_results(env_ids, obs, reward, terminated, truncated, info)
+
+    def send(self, actions, env_ids):
+        if self._send_takes_ids:
+            self.player.send(actions, env_ids)
+        else:
+            self.player.send(actions)
+
+
+def _batch_size(player):
+    batch = getattr(player, 'batch_size', None)
+    if batch is None:
+        config = getattr(player, 'config', None)     # EnvPool keeps it in its config dict
+        if isinstance(config, dict):
+            batch = config.get('batch_size')
+    return int(batch) if isinstance(batch, (int, np.integer)) else None
 
 
 def _is_vector_env(player):
@@ -392,11 +520,23 @@ def _is_vector_env(player):
     return hasattr(player, 'num_envs') and hasattr(player, 'single_action_space')
 
 
+def _is_async_engine(player):
+    if not all(callable(getattr(player, m, None)) for m in ('async_reset', 'recv', 'send')):
+        return False
+    flag = getattr(player, 'is_async', None)
+    if flag is not None:
+        return bool(flag)
+    batch = _batch_size(player)
+    return batch is not None and batch < int(player.num_envs)
+
+
 def adapt_env(player):
     """The :class:`EnvAdapter` for ``player``; TypeError naming ``player`` if it is no env."""
     if isinstance(player, EnvAdapter):
         return player
     if _is_vector_env(player):
+        if _is_async_engine(player):
+            return AsyncVectorAdapter(player)
         return VectorEnvAdapter(player)
     if not (callable(getattr(player, 'reset', None)) and callable(getattr(player, 'step', None))):
         raise TypeError(f"player must be a gymnasium Env, an old-gym-API env (reset/step), or a "
@@ -406,11 +546,16 @@ def adapt_env(player):
     return SingleEnvAdapter(player)
 
 
-class FrameFormat:
-    """Turns an observation into a frame the memory stores: ``state_shape``, ``dtype``.
+_ENV0 = np.zeros(1, np.int64)
 
-    A size-preserving reshape is allowed (``AtariVectorEnv(stack_num=1)`` gives (1, 84, 84)
-    per sub-environment for a (84, 84) memory); a dtype change only where no data is lost.
+
+class FrameFormat:
+    """Turns observations into frames the memory stores: ``state_shape``, ``dtype``.
+
+    A size-preserving reshape is allowed (``AtariVectorEnv(stack_num=1)`` and EnvPool give
+    (1, 84, 84) per sub-environment for a (84, 84) memory); a dtype change only where no data is
+    lost (the memory's own rule, :func:`expreplay.memory.as_frame`, so that the runner refuses
+    exactly what the memory would).
     """
 
     def __init__(self, state_shape, dtype):
@@ -419,44 +564,64 @@ class FrameFormat:
         self._size = int(np.prod(self.state_shape))
 
     def __call__(self, obs):
+        """One observation as a frame."""
         arr = np.asarray(obs)
         if arr.shape != self.state_shape and arr.size == self._size:
             arr = arr.reshape(self.state_shape)
-        # The memory's own rule, so that the runner refuses exactly what the memory would.
         return as_frame(arr, self.state_shape, self.dtype, 'player observation').astype(
+            self.dtype, copy=False)
+
+    def batch(self, obs, n):
+        """``n`` stacked observations as ``(n, *state_shape)`` frames."""
+        arr = np.asarray(obs)
+        if arr.shape[1:] != self.state_shape and arr.size == n * self._size:
+            arr = arr.reshape((n,) + self.state_shape)
+        return as_frames(arr, n, self.state_shape, self.dtype, 'player observations').astype(
             self.dtype, copy=False)
 
 
 class FrameHistory:
-    """The last ``history_len`` frames of each sub-environment's current episode.
+    """The last ``history_len`` frames of each lane's (sub-environment's) current episode.
 
-    Kept channels-first and oldest first (cheap to shift), handed out channels-last
-    ``(n, *state_shape, history_len)``, zero-padded before the episode's first frame: the
-    same frames the memory gives the learner as ``comb_state[..., :-1]`` for that step.
+    A ring of ``history_len`` frames per lane: a new frame overwrites the lane's oldest one
+    (one frame copied per step, not ``history_len``). States are handed out channels-last
+    ``(n, *state_shape, history_len)``, oldest first, zero-padded before the episode's first
+    frame: the same frames the memory gives the learner as ``comb_state[..., :-1]``.
+    Invariant: row ``lane * h + pos[lane]`` holds the lane's newest frame, the rows after it
+    (cyclically) the older ones, oldest first; rows from before the episode's start are zeros.
     """
 
-    def __init__(self, num_envs, state_shape, history_len, dtype):
-        self.history_len = int(history_len)
-        self._frames = np.zeros((num_envs, self.history_len) + tuple(state_shape), dtype)
+    def __init__(self, num_lanes, state_shape, history_len, dtype):
+        self.history_len = h = int(history_len)
+        self._frames = np.zeros((num_lanes * h,) + tuple(state_shape), dtype)
+        self._pos = np.zeros(num_lanes, np.int64)
+        self._ring = np.arange(1, h + 1)
 
-    def start(self, i, frame):
-        """Begin a new episode in slot ``i`` with its first frame."""
-        self._frames[i, :-1] = 0
-        self._frames[i, -1] = frame
-
-    def push(self, i, frame):
-        """Append the next frame of slot ``i``'s episode."""
-        self._frames[i, :-1] = self._frames[i, 1:]
-        self._frames[i, -1] = frame
-
-    def latest(self, i):
-        """The newest frame of slot ``i`` (a view)."""
-        return self._frames[i, -1]
-
-    def states(self, indices):
-        """Stacked states of the given slots: ``(len(indices), *state_shape, history_len)``."""
+    def start(self, lanes, frames):
+        """Begin a new episode in each of ``lanes`` with its first frame ``frames[j]``."""
         h = self.history_len
-        indices = np.asarray(indices, np.intp)
-        # The same channels-last gather the memory samples with: rows of history slots.
-        frames = self._frames.reshape((-1,) + self._frames.shape[2:])
-        return gather_frames(frames, indices[:, None] * h + np.arange(h), 'NHWC')
+        lanes = np.asarray(lanes, np.int64)
+        rows = lanes * h
+        if h > 1:
+            self._frames[(rows[:, None] + np.arange(h)).ravel()] = 0
+        self._pos[lanes] = 0
+        self._frames[rows] = frames
+
+    def push(self, lanes, frames):
+        """Append the next frame of each of ``lanes``' episodes."""
+        h = self.history_len
+        lanes = np.asarray(lanes, np.int64)
+        pos = (self._pos[lanes] + 1) % h
+        self._pos[lanes] = pos
+        self._frames[lanes * h + pos] = frames
+
+    def latest(self, lane):
+        """The newest frame of ``lane`` (a view)."""
+        return self._frames[lane * self.history_len + self._pos[lane]]
+
+    def states(self, lanes):
+        """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
+        h = self.history_len
+        lanes = np.asarray(lanes, np.intp)
+        rows = lanes[:, None] * h + (self._pos[lanes][:, None] + self._ring) % h
+        return gather_frames(self._frames, rows, 'NHWC')

@@ -53,9 +53,10 @@ import zipfile
 
 import numpy as np
 
+from ._checks import check_bool, check_int
 from ._gather import gather_frames
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'as_frame']
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'as_frame', 'as_frames']
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
@@ -71,6 +72,7 @@ _HAS_ACTION = 8   # an action was taken from this slot's frame
 _FREE, _ACTIVE, _RETIRED = 0, 1, 2
 
 _CHECKPOINT_VERSION = 1
+_LANE0 = np.zeros(1, np.int64)
 _DEFAULT_TARGET_BLOCKS = 256
 
 
@@ -164,6 +166,11 @@ class ReplayMemory:
     def new_writer(self):
         """A new :class:`LaneWriter` on this memory. Use one per environment and thread."""
         return LaneWriter(self)
+
+    def new_batch_writer(self, num_lanes):
+        """A new :class:`BatchWriter` of ``num_lanes`` lanes: the steps of several environments
+        written in one call (what the runners use). Use it from one thread."""
+        return BatchWriter(self, num_lanes)
 
     def append(self, exp):
         """Add one step in tensorpack's single-writer convention.
@@ -466,26 +473,164 @@ class ReplayMemory:
         return mem
 
 
+class BatchWriter:
+    """Writes the steps of ``num_lanes`` environments into lanes of a :class:`ReplayMemory`,
+    all lanes of one call at once.
+
+    This is the write path of the memory (a :class:`LaneWriter` is a batch writer of one lane):
+    a call takes the frames, actions, rewards and ends of any subset of the lanes as arrays,
+    writes the frames with one fancy-index copy, and publishes the steps under one acquisition
+    of the memory's lock, without a Python loop over the lanes (a loop runs only over the
+    lanes whose block is full, once every ``block_size`` steps). Each lane behaves exactly like
+    a :class:`LaneWriter`: its own chain of blocks, its episodes contiguous, every step
+    sampleable as soon as the call returns.
+
+    Use it from one thread. ``lanes`` arguments are int arrays of distinct lane indices in
+    ``[0, num_lanes)``.
+    """
+
+    def __init__(self, memory, num_lanes):
+        self.memory = memory
+        self.num_lanes = check_int(num_lanes, 'num_lanes', 1)
+        k = self.num_lanes
+        self._block = np.full(k, -1, np.int64)      # active block per lane, -1: none yet
+        self._cur_slot = np.full(k, -1, np.int64)   # slot of the current observation, -1: no episode
+        self._cur_epstep = np.zeros(k, np.int64)
+        self._cur_gen = np.zeros(k, np.int64)       # generation of that slot's block when written
+        self._closed = False
+
+    def in_episode(self, lanes=None):
+        """Bool array: which lanes are between an episode's first frame and its end."""
+        cur = self._cur_slot if lanes is None else self._cur_slot[lanes]
+        return cur >= 0
+
+    def start_episodes(self, lanes, frames, *, checked=False):
+        """Start a new episode in each of ``lanes`` with its first observation ``frames[j]``.
+
+        An episode still open in such a lane is abandoned: its steps so far stay sampleable.
+        ``checked=True`` skips the frame check (the caller ran :func:`as_frames` itself).
+        """
+        lanes = self._lanes(lanes)
+        if not checked:
+            frames = as_frames(frames, len(lanes), self.memory.state_shape, self.memory.dtype, 'frames')
+        slots = self._write(lanes, frames, np.zeros(len(lanes), np.int64), None)
+        self._cur_slot[lanes] = slots
+        self._cur_epstep[lanes] = 0
+        self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
+
+    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False):
+        """Record the step each of ``lanes`` took from its current observation.
+
+        Args (arrays of ``len(lanes)``): ``actions`` (integers), ``rewards`` (finite),
+        ``next_frames`` (the observation after the step; the final observation when the step
+        ends the episode, also for a truncated end), ``terminated`` / ``truncated`` (bool: as
+        in :meth:`LaneWriter.add_step`). A lane whose step ends its episode must start a new
+        one before its next step. ``checked=True`` skips the checks of the values.
+        """
+        mem = self.memory
+        lanes = self._lanes(lanes)
+        n = len(lanes)
+        cur = self._cur_slot[lanes]
+        if (cur < 0).any():
+            raise RuntimeError(f"add_steps: lanes {lanes[cur < 0].tolist()} are outside an episode: "
+                               "start_episodes(lanes, frames) with the reset observations first")
+        terminated = np.asarray(terminated)
+        truncated = np.asarray(truncated)
+        if not checked:
+            actions = check_actions(actions, n, 'actions')
+            rewards = check_rewards(rewards, n, 'rewards')
+            next_frames = as_frames(next_frames, n, mem.state_shape, mem.dtype, 'next_frames')
+            terminated = _bool_array(terminated, n, 'terminated')
+            truncated = _bool_array(truncated, n, 'truncated')
+        flags = (_HAS_ACTION | np.where(terminated, _TERMINATED, 0)
+                 | np.where(truncated, _TRUNCATED, 0)).astype(np.uint8)
+        slots = self._write(lanes, next_frames, self._cur_epstep[lanes] + 1,
+                            (cur, self._cur_gen[lanes], actions, rewards, flags))
+        ended = terminated | truncated
+        self._cur_slot[lanes] = np.where(ended, -1, slots)
+        self._cur_epstep[lanes] += 1
+        self._cur_gen[lanes] = mem._block_gen[self._block[lanes]]
+
+    def close(self):
+        """Detach from the memory: every lane's active block is retired. Idempotent."""
+        mem = self.memory
+        with mem._lock:
+            for block in self._block[self._block >= 0]:
+                if mem._block_state[block] == _ACTIVE:
+                    mem._retire(int(block))
+            self._block[:] = -1
+            self._cur_slot[:] = -1
+            self._closed = True
+
+    # ------------------------------------------------------------------ internals
+    def _lanes(self, lanes):
+        if self._closed:
+            raise RuntimeError("this writer is closed")
+        return np.asarray(lanes, np.int64).reshape(-1)
+
+    def _write(self, lanes, frames, epsteps, finish):
+        """Write ``frames`` into the next slot of each lane; publish them and ``finish``'s steps.
+
+        ``finish = (slots, gens, actions, rewards, flags)``: the steps taken from those slots
+        (the lanes' current observations), published in the same critical section.
+        """
+        mem = self.memory
+        bs = mem.block_size
+        blocks = self._block[lanes]
+        full = (blocks < 0) | (mem._block_fill[np.maximum(blocks, 0)] == bs)
+        if full.any():
+            with mem._lock:
+                for j in np.flatnonzero(full):
+                    blocks[j] = mem._claim_block(int(blocks[j]))
+            self._block[lanes] = blocks
+        slots = blocks * bs + mem._block_fill[blocks]
+        mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
+        with mem._lock:
+            mem._epstep[slots] = epsteps
+            mem._flags[slots] = 0
+            mem._block_fill[blocks] += 1      # one active block per lane: no repeats
+            if finish is not None:
+                self._publish(*finish)
+        return slots
+
+    def _publish(self, slots, gens, actions, rewards, flags):
+        """Store the steps taken from ``slots``; VALID where their history is intact (I3).
+
+        Caller holds the lock."""
+        mem = self.memory
+        mem._num_steps_written += len(slots)
+        block, offset = np.divmod(slots, mem.block_size)
+        # A slot whose block was evicted since (it was the last of the lane's previous block,
+        # and the oldest) is as gone as any evicted step.
+        alive = (mem._block_gen[block] == gens) & (mem._block_state[block] != _FREE)
+        if not alive.all():
+            slots, block, offset = slots[alive], block[alive], offset[alive]
+            actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
+        mem._action[slots] = actions
+        mem._reward[slots] = rewards
+        needs_prev = np.minimum(mem._epstep[slots], mem.history_len - 1) > offset
+        valid = ~needs_prev | mem._block_prev_intact[block]
+        mem._flags[slots] = flags | np.where(valid, _VALID, 0).astype(np.uint8)
+        mem._num_valid += int(np.count_nonzero(valid))
+
+
 class LaneWriter:
     """Writes one environment's steps into its own lane of a :class:`ReplayMemory`.
 
     Use it from one thread. Call :meth:`start_episode` with the observation ``reset()``
     returned, then :meth:`add_step` after every environment step. Each step is sampleable as
     soon as ``add_step`` returns, so a writer stopped mid-episode loses nothing it has added.
+    A :class:`BatchWriter` of one lane, with scalar arguments.
     """
 
     def __init__(self, memory):
         self.memory = memory
-        self._block = -1          # active block, -1 before the first write or after close()
-        self._cur_slot = -1       # slot of the current observation, -1 outside an episode
-        self._cur_epstep = 0
-        self._cur_gen = 0         # generation of the current observation's block when written
-        self._closed = False
+        self._writer = BatchWriter(memory, 1)
 
     @property
     def in_episode(self):
         """True between :meth:`start_episode` and the step that ends the episode."""
-        return self._cur_slot >= 0
+        return bool(self._writer._cur_slot[0] >= 0)
 
     def start_episode(self, obs):
         """Start a new episode in this lane with its first observation (from ``reset()``).
@@ -493,9 +638,7 @@ class LaneWriter:
         An episode still open is abandoned: its steps so far stay sampleable.
         """
         frame = self._check_obs(obs, 'obs')
-        slot = self._write_frame(frame, epstep=0)
-        self._cur_slot, self._cur_epstep = slot, 0
-        self._cur_gen = int(self.memory._block_gen[self._block])
+        self._writer.start_episodes(_LANE0, frame[None], checked=True)
 
     def add_step(self, action, reward, next_obs, terminated=False, truncated=False):
         """Record the step taken from the current observation.
@@ -508,116 +651,138 @@ class LaneWriter:
             terminated (bool): the episode reached a terminal state (``isOver`` when sampled).
             truncated (bool): the episode was cut (time limit): the transition bootstraps.
         """
-        if self._cur_slot < 0:
+        if self._writer._cur_slot[0] < 0:
             raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
                                "with the reset observation first")
         action = self._check_action(action)
         reward = self._check_reward(reward)
         frame = self._check_obs(next_obs, 'next_obs')
-        cur = self._cur_slot
-        flags = _HAS_ACTION | (_TERMINATED if terminated else 0) | (_TRUNCATED if truncated else 0)
-        next_slot = self._write_frame(frame, epstep=self._cur_epstep + 1,
-                                      finish=(cur, self._cur_gen, action, reward, flags))
-        if terminated or truncated:
-            self._cur_slot = -1
-        else:
-            self._cur_slot, self._cur_epstep = next_slot, self._cur_epstep + 1
-            self._cur_gen = int(self.memory._block_gen[self._block])
+        terminated = check_bool(terminated, 'terminated')
+        truncated = check_bool(truncated, 'truncated')
+        self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
+                               frame[None], np.array([terminated]), np.array([truncated]),
+                               checked=True)
 
     def close(self):
         """Detach from the memory: the lane's active block is retired. Idempotent."""
-        mem = self.memory
-        with mem._lock:
-            if self._block >= 0 and mem._block_state[self._block] == _ACTIVE:
-                mem._retire(self._block)
-            self._block = -1
-            self._cur_slot = -1
-            self._closed = True
-
-    # ------------------------------------------------------------------ internals
-    def _write_frame(self, frame, epstep, finish=None):
-        """Write ``frame`` into the lane's next slot and publish it (and ``finish``'s step)."""
-        mem = self.memory
-        if self._closed:
-            raise RuntimeError("this LaneWriter is closed")
-        bs = mem.block_size
-        if self._block < 0 or mem._block_fill[self._block] == bs:
-            with mem._lock:
-                self._block = mem._claim_block(self._block)
-        slot = self._block * bs + int(mem._block_fill[self._block])
-        mem._frames[slot] = frame   # outside the lock: the slot is ours and unpublished (I1, I2)
-        with mem._lock:
-            mem._epstep[slot] = epstep
-            mem._flags[slot] = 0
-            mem._block_fill[self._block] += 1
-            if finish is not None:
-                self._publish_step(*finish)
-        return slot
-
-    def _publish_step(self, slot, gen, action, reward, flags):
-        """Store the step taken from ``slot`` and mark it VALID if its history is intact (I3)."""
-        mem = self.memory
-        mem._num_steps_written += 1
-        block, offset = divmod(slot, mem.block_size)
-        if mem._block_gen[block] != gen or mem._block_state[block] == _FREE:
-            # The slot was the last of the lane's previous block, and that block has been
-            # evicted (it was the oldest) since: the step is as gone as any evicted one.
-            return
-        mem._action[slot] = action
-        mem._reward[slot] = reward
-        needs_prev = min(int(mem._epstep[slot]), mem.history_len - 1) > offset
-        if needs_prev and not mem._block_prev_intact[block]:
-            mem._flags[slot] = flags
-            return
-        mem._flags[slot] = flags | _VALID
-        mem._num_valid += 1
+        self._writer.close()
 
     def _check_obs(self, obs, name):
         return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
 
-    @staticmethod
-    def _check_action(action):
-        if isinstance(action, np.ndarray) and action.ndim == 0:
-            action = action[()]
-        if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
-            raise TypeError(f"action must be an integer, got {action!r} ({type(action).__name__})")
-        if not -2**31 <= int(action) < 2**31:
-            raise ValueError(f"action {action} does not fit int32")
-        return int(action)
+    _check_action = staticmethod(lambda action: check_action(action))
+    _check_reward = staticmethod(lambda reward: check_reward(reward))
 
-    @staticmethod
-    def _check_reward(reward):
-        try:
-            value = float(reward)
-        except (TypeError, ValueError):
-            raise TypeError(f"reward must be a real number, got {reward!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"reward must be finite, got {value}")
-        return value
+
+# ---------------------------------------------------------------------------------- input rules
+# One rule per field, in a scalar and a vectorized form, shared by every write path and by the
+# runners (which check an observation before the env's next step, so that a bad one is an
+# environment error and not a half-written step).
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def check_action(action, name='action'):
+    if isinstance(action, np.ndarray) and action.ndim == 0:
+        action = action[()]
+    if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {action!r} ({type(action).__name__})")
+    if not -2**31 <= int(action) < 2**31:
+        raise ValueError(f"{name} {action} does not fit int32")
+    return int(action)
+
+
+def check_reward(reward, name='reward'):
+    if isinstance(reward, (str, bytes)):
+        raise TypeError(f"{name} must be a real number, got {reward!r}")
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a real number, got {reward!r}") from None
+    if not math.isfinite(value) or abs(value) > _F32_MAX:
+        raise ValueError(f"{name} must be finite and fit float32, got {reward!r}")
+    return value
+
+
+def check_actions(actions, n, name='actions'):
+    """``actions`` as an int32 array of ``n`` integers."""
+    arr = np.asarray(actions)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
+    if arr.dtype.kind not in 'iu':
+        raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
+    if n and (arr.min() < -2**31 or arr.max() >= 2**31):
+        raise ValueError(f"{name} has values outside int32")
+    return arr.astype(np.int32, copy=False)
+
+
+def check_rewards(rewards, n, name='rewards'):
+    """``rewards`` as a float32 array of ``n`` finite numbers (that fit float32)."""
+    arr = np.asarray(rewards)
+    if arr.shape != (n,):
+        raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
+    if arr.dtype.kind not in 'biuf':
+        raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if arr.dtype.kind == 'f' and n and not (np.isfinite(arr).all() and np.abs(arr).max() <= _F32_MAX):
+        raise ValueError(f"{name} must be finite and fit float32, got {arr[~(np.abs(arr) <= _F32_MAX)][:3]}")
+    return arr.astype(np.float32, copy=False)
+
+
+def _bool_array(values, n, name):
+    arr = np.asarray(values)
+    if arr.shape != (n,) or arr.dtype != np.bool_:
+        raise TypeError(f"{name} must be a bool array of shape ({n},), got {arr.dtype} {arr.shape}")
+    return arr
+
+
+def as_frames(frames, n, state_shape, dtype, name):
+    """``frames`` as ``(n, *state_shape)`` storable as ``dtype``: :func:`as_frame` for a batch."""
+    arr = np.asarray(frames)
+    if arr.shape != (n,) + state_shape:
+        raise ValueError(f"{name} has shape {arr.shape}, expected {(n,) + state_shape}")
+    return _storable(arr, dtype, name)
 
 
 def as_frame(obs, state_shape, dtype, name):
     """``obs`` as an array of ``state_shape`` that can be stored as ``dtype`` without loss.
 
-    Raises ValueError (wrong shape, integer values out of range) or TypeError (a lossy dtype,
-    e.g. float to int), naming ``name``. Shared by the writers and the runners' frame format,
-    so one rule decides what may enter the memory.
+    Raises ValueError (wrong shape, values out of range or not finite) or TypeError (a lossy
+    dtype, e.g. float to int), naming ``name``. Shared by the writers and the runners' frame
+    format, so one rule decides what may enter the memory.
     """
     arr = np.asarray(obs)
     if arr.shape != state_shape:
         raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {state_shape}")
-    if arr.dtype != dtype:
-        src = arr.dtype
-        if dtype.kind in 'iub' and src.kind in 'iub':
-            # Integer to integer: allowed when every value fits (no silent wrap-around).
-            info = np.iinfo(dtype) if dtype.kind != 'b' else None
-            if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
-                raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
-                                 f"fit the memory dtype {dtype}")
-        elif not np.can_cast(src, dtype, casting='same_kind'):
-            raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype} "
-                            "without losing data")
-    return arr
+    return _storable(arr, dtype, name)
+
+
+def _storable(arr, dtype, name):
+    src = arr.dtype
+    if dtype.kind == 'f':
+        if src.kind not in 'biuf':
+            raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype}")
+        if src.kind == 'f':
+            if arr.size and not np.isfinite(arr).all():
+                raise ValueError(f"{name} holds NaN or infinite values")
+            if src.itemsize > dtype.itemsize and arr.size \
+                    and np.abs(arr).max() > float(np.finfo(dtype).max):
+                raise ValueError(f"{name} has values beyond the range of the memory dtype {dtype}")
+        elif src.kind in 'iu' and src.itemsize * 8 > np.finfo(dtype).nmant + 1 and arr.size:
+            # Integers past the float's mantissa would be rounded: refuse the ones that are.
+            if (arr.astype(dtype).astype(src) != arr).any():
+                raise ValueError(f"{name} has integers that {dtype} can not hold exactly")
+        return arr
+    if src == dtype:
+        return arr
+    if dtype.kind in 'iub' and src.kind in 'iub':
+        # Integer to integer: allowed when every value fits (no silent wrap-around).
+        info = np.iinfo(dtype) if dtype.kind != 'b' else None
+        if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
+            raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
+                             f"fit the memory dtype {dtype}")
+        if dtype.kind == 'b' and arr.size and not np.isin(arr, (0, 1)).all():
+            raise ValueError(f"{name} has values other than 0 and 1 for a bool memory")
+        return arr
+    raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype} without losing data")
 
 
 def _integers(rng, high, size):

@@ -149,12 +149,6 @@ class _Population:
                 kwargs = dict(dict(seed=seed, index=index, player_factory=get_player),
                               **runner_kwargs)
                 runners.append(EnvRunner(get_player(), predictor, memory, history_len, **kwargs))
-            manager_kwargs = dict(manager_kwargs)
-            if 'simulator_threads' not in manager_kwargs and len(runners) > 1 \
-                    and all(r.num_envs == 1 for r in runners):
-                # Single envs (an ALE env holds the GIL while it steps): one pipelined thread
-                # overlaps their steps with the forward pass; threads per runner would not.
-                manager_kwargs['simulator_threads'] = 1
             self.manager = EnvRunnerManager(runners, maximum_staleness, **manager_kwargs)
         except BaseException:
             for runner in runners:
@@ -246,9 +240,9 @@ class ReplayStream:
             (e.g. ``life_loss_terminal=True`` for Atari).
         manager_kwargs (dict): extra keyword arguments for the
             :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts``, ``max_inference_batch``).
-            ``simulator_threads`` defaults to 1 (pipelined) when every player is a single env
-            and there are several, else to one thread per player; pass None for one thread
-            per player anyway (envs that release the GIL).
+            ``simulator_threads`` keeps the manager's default (single-env players share one
+            pipelined thread, each vector player gets its own); ``num_parallel_players`` gives
+            one thread per player (envs that release the GIL, with cores to spare).
         episode_starts: an episode-start scheduler shared by all runners (see
             :mod:`expreplay.episodes`: seed schedules, a curriculum, a restart pool). With
             :class:`~expreplay.episodes.ProceduralSeeds` two runs with the same base seed and

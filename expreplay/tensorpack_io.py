@@ -115,10 +115,10 @@ class ExpReplay(DataFlow, Callback):
         manager_kwargs (dict): extra keyword arguments for the
             :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts=3``); ``close_timeout``
             defaults to 60 s here: training ends only once every thread is joined.
-            ``simulator_threads`` defaults to 1 (pipelined: one thread steps the players in
-            two groups while the other group's forward pass runs) when every player is a
-            single env and there are several, else to one thread per player; pass None for
-            one thread per player anyway (players that release the GIL).
+            ``simulator_threads`` keeps the manager's default (single-env players share one
+            pipelined thread: it steps them in two groups while the other group's forward pass
+            runs; each vector player gets its own); ``num_parallel_players`` gives one thread
+            per player (players that release the GIL, with cores to spare).
         episode_starts: an episode-start scheduler for all runners (seed schedules, a
             curriculum, a restart pool: see :mod:`expreplay.episodes`).
         episode_log_dir (str): where ``episodes.jsonl`` (one record per finished episode,

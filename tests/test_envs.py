@@ -1,12 +1,13 @@
-"""Env adapters: API detection, the three vector autoreset modes, frame formatting, history."""
+"""Env adapters: API detection, the three vector autoreset modes, the asynchronous engine
+protocol, frame formatting, history."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from expreplay.envs import (FrameFormat, FrameHistory, Reset, SingleEnvAdapter, Step,
-                            VectorEnvAdapter, adapt_env)
+from expreplay.envs import (NO_LIVES, AsyncVectorAdapter, FrameFormat, FrameHistory,
+                            SingleEnvAdapter, VectorEnvAdapter, adapt_env)
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode, encode
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,15 +22,16 @@ def test_gymnasium_env_is_detected_and_reset_seeded():
     ad = adapt_env(env)
     assert isinstance(ad, SingleEnvAdapter) and ad.api == 'gymnasium'
     assert ad.num_envs == 1 and ad.num_actions == 3
-    (r,) = ad.reset(seed=11)
-    assert isinstance(r, Reset) and _ids(r.obs) == (3, 0, 0) and env.seeds == [11]
-    (s,) = ad.step([1])
-    assert s == Step(s.obs, 10.0, False, False, None) and _ids(s.obs) == (3, 0, 1)
-    assert ad.reset_finished() == {}
-    (s,) = ad.step([2])
-    assert (s.terminated, s.truncated) == (False, True) and _ids(s.obs) == (3, 0, 2)
+    r = ad.reset(seed=11)
+    assert r.started.all() and _ids(r.obs[0]) == (3, 0, 0) and env.seeds == [11]
+    s = ad.step([1])
+    assert s.started is None and s.lives is None and _ids(s.obs[0]) == (3, 0, 1)
+    assert (s.reward[0], s.terminated[0], s.truncated[0]) == (10.0, False, False)
+    assert ad.reset_finished() is None
+    obs, reward, term, trunc, lives = ad.step_one(2)     # the scalar form the acting path uses
+    assert (term, trunc, lives) == (False, True, NO_LIVES) and _ids(obs) == (3, 0, 2)
     resets = ad.reset_finished()
-    assert list(resets) == [0] and _ids(resets[0].obs) == (3, 1, 0)
+    assert resets.env_ids.tolist() == [0] and resets.started.all() and _ids(resets.obs[0]) == (3, 1, 0)
     assert env.seeds == [11, None]   # later resets continue the env's own sequence
 
 
@@ -37,13 +39,13 @@ def test_old_api_env_is_detected_from_reset_and_truncation_read_from_info():
     env = OldApiScriptedEnv(4, episode_lengths=1, ends=('terminated', 'truncated'))
     ad = adapt_env(env)
     assert ad.api is None
-    (r,) = ad.reset(seed=5)
-    assert ad.api == 'old' and env.seeds == [5] and _ids(r.obs) == (4, 0, 0)
-    (s,) = ad.step([0])
-    assert (s.terminated, s.truncated) == (True, False)
+    r = ad.reset(seed=5)
+    assert ad.api == 'old' and env.seeds == [5] and _ids(r.obs[0]) == (4, 0, 0)
+    s = ad.step([0])
+    assert (s.terminated[0], s.truncated[0]) == (True, False)
     ad.reset_finished()
-    (s,) = ad.step([0])
-    assert (s.terminated, s.truncated) == (False, True)   # info['TimeLimit.truncated']
+    s = ad.step([0])
+    assert (s.terminated[0], s.truncated[0]) == (False, True)   # info['TimeLimit.truncated']
     ad.close()
     assert env.closed
 
@@ -59,10 +61,10 @@ def test_new_api_env_without_gymnasium_base_is_detected():
             return np.ones(2), 1.0, True, False, {'lives': 2}
 
     ad = adapt_env(Duck())
-    (r,) = ad.reset(seed=1)
-    assert ad.api == 'gymnasium' and r.lives == 3
-    (s,) = ad.step([1])
-    assert s.terminated and s.lives == 2
+    r = ad.reset(seed=1)
+    assert ad.api == 'gymnasium' and r.lives.tolist() == [3]
+    s = ad.step([1])
+    assert s.terminated[0] and s.lives.tolist() == [2]
 
 
 def test_mismatched_api_and_non_envs_are_refused_naming_player():
@@ -95,36 +97,36 @@ def test_vector_env_events_in_every_autoreset_mode(mode):
     venv = _vector(2, mode, episode_lengths=(1, 2), ends='terminated')
     ad = adapt_env(venv)
     assert isinstance(ad, VectorEnvAdapter) and ad.num_envs == 2 and ad.num_actions == 3
-    resets = ad.reset(seed=7)
-    assert [_ids(r.obs) for r in resets] == [(0, 0, 0), (1, 0, 0)]
+    r = ad.reset(seed=7)
+    assert [_ids(o) for o in r.obs] == [(0, 0, 0), (1, 0, 0)] and r.started.all()
     assert [e.seeds for e in venv.envs] == [[7], [8]]
     # Step 1: both episodes (length 1) end; the final observation is reported.
-    ev = ad.step(np.array([1, 2]))
-    assert all(isinstance(e, Step) and e.terminated for e in ev)
-    assert [_ids(e.obs) for e in ev] == [(0, 0, 1), (1, 0, 1)]
-    assert [e.reward for e in ev] == [10.0, 20.0]
+    s = ad.step(np.array([1, 2]))
+    assert s.started is None and s.terminated.all()
+    assert [_ids(o) for o in s.obs] == [(0, 0, 1), (1, 0, 1)]
+    assert s.reward.tolist() == [10.0, 20.0]
     finished = ad.reset_finished()
     if mode == AutoresetMode.NEXT_STEP:
-        assert finished == {}
-        ev = ad.step(np.array([0, 0]))   # the autoreset step: actions ignored
-        assert all(isinstance(e, Reset) for e in ev)
-        assert [_ids(e.obs) for e in ev] == [(0, 1, 0), (1, 1, 0)]
+        assert finished is None
+        s = ad.step(np.array([0, 0]))   # the autoreset step: actions ignored
+        assert s.started.all()
+        assert [_ids(o) for o in s.obs] == [(0, 1, 0), (1, 1, 0)]
         assert all(len(e.transitions) == 1 for e in venv.envs)
     else:
-        assert sorted(finished) == [0, 1]
-        assert [_ids(finished[i].obs) for i in (0, 1)] == [(0, 1, 0), (1, 1, 0)]
-    ev = ad.step(np.array([2, 1]))
-    assert [_ids(e.obs) for e in ev] == [(0, 1, 1), (1, 1, 1)]
-    assert not any(e.terminated or e.truncated for e in ev)
+        assert sorted(finished.env_ids.tolist()) == [0, 1] and finished.started.all()
+        assert [_ids(finished.obs[list(finished.env_ids).index(i)]) for i in (0, 1)] == [(0, 1, 0), (1, 1, 0)]
+    s = ad.step(np.array([2, 1]))
+    assert [_ids(o) for o in s.obs] == [(0, 1, 1), (1, 1, 1)]
+    assert not (s.terminated | s.truncated).any() and s.started is None
     venv.close()
 
 
 def test_vector_env_lives_per_sub_env():
     venv = _vector(2, AutoresetMode.NEXT_STEP, episode_lengths=50, lives=3, life_every=2)
     ad = adapt_env(venv)
-    assert [r.lives for r in ad.reset(seed=0)] == [3, 3]
+    assert ad.reset(seed=0).lives.tolist() == [3, 3]
     ad.step(np.array([0, 0]))
-    assert [e.lives for e in ad.step(np.array([0, 0]))] == [2, 2]
+    assert ad.step(np.array([0, 0])).lives.tolist() == [2, 2]
 
 
 def test_atari_vector_env_partial_batches_are_refused():
@@ -150,16 +152,101 @@ def test_frame_format_reshapes_and_refuses_lossy_casts():
 
 def test_frame_history_is_channels_last_oldest_first_zero_padded():
     h = FrameHistory(2, (6,), 3, np.uint8)
-    h.start(0, encode(0, 0, 0))
-    h.start(1, encode(1, 0, 0))
-    h.push(1, encode(1, 0, 1))
+    h.start([0, 1], np.stack([encode(0, 0, 0), encode(1, 0, 0)]))
+    h.push([1], encode(1, 0, 1)[None])
     s = h.states([0, 1])
     assert s.shape == (2, 6, 3) and s.flags['C_CONTIGUOUS']
     assert [decode(s[0, :, k]) for k in range(3)] == [None, None, (0, 0, 0)]
     assert [decode(s[1, :, k]) for k in range(3)] == [None, (1, 0, 0), (1, 0, 1)]
     for t in range(2, 6):
-        h.push(1, encode(1, 0, t))
+        h.push(np.array([1]), encode(1, 0, t)[None])
     assert [decode(h.states([1])[0, :, k]) for k in range(3)] == [(1, 0, 3), (1, 0, 4), (1, 0, 5)]
-    h.start(1, encode(1, 1, 0))   # a new episode forgets the old frames
+    assert decode(h.latest(1)) == (1, 0, 5)
+    h.start([1], encode(1, 1, 0)[None])   # a new episode forgets the old frames
     assert [decode(h.states([1])[0, :, k]) for k in range(3)] == [None, None, (1, 1, 0)]
+    assert [decode(h.states([0])[0, :, k]) for k in range(3)] == [None, None, (0, 0, 0)]
     assert h.states([]).shape == (0, 6, 3)
+
+
+class FakeEngine:
+    """An EnvPool-style asynchronous engine over scripted envs: ``recv`` returns the
+    ``batch`` sub-envs that were sent actions longest ago (NEXT_STEP autoreset, as EnvPool)."""
+
+    is_async = True
+
+    def __init__(self, n, batch, **kw):
+        self.envs = [ScriptedEnv(i, **kw) for i in range(n)]
+        self.num_envs, self.batch = n, batch
+        self.single_action_space = self.envs[0].action_space
+        self.ready, self.ended, self.restarted = [], [False] * n, set()
+        self.sent = []
+
+    def async_reset(self):
+        self.ready = [(i, self.envs[i].reset()[0], 0.0, False, False) for i in range(self.num_envs)]
+
+    def recv(self):
+        out, self.ready = self.ready[:self.batch], self.ready[self.batch:]
+        ids = np.array([o[0] for o in out])
+        info = {'env_id': ids, 'restarted': np.array([i in self.restarted for i in ids])}
+        self.restarted -= set(ids.tolist())
+        return (np.stack([o[1] for o in out]), np.array([o[2] for o in out]),
+                np.array([o[3] for o in out]), np.array([o[4] for o in out]), info)
+
+    def send(self, actions, env_id):
+        self.sent.append((np.array(env_id), np.array(actions)))
+        for i, a in zip(env_id.tolist(), actions.tolist()):
+            if self.ended[i]:
+                self.ended[i] = False
+                self.ready.append((i, self.envs[i].reset()[0], 0.0, False, False))
+                continue
+            obs, r, term, trunc, _ = self.envs[i].step(a)
+            self.ended[i] = term or trunc
+            self.ready.append((i, obs, r, term, trunc))
+
+
+def test_async_engine_protocol_reports_starts_steps_and_restarted_actors():
+    eng = FakeEngine(4, 2, episode_lengths=2, ends='terminated')
+    ad = adapt_env(eng)
+    assert isinstance(ad, AsyncVectorAdapter) and ad.is_async and ad.num_envs == 4
+    with pytest.warns(RuntimeWarning, match='seed'):
+        assert ad.reset(seed=3) is None
+    r = ad.recv()
+    assert r.env_ids.tolist() == [0, 1] and r.started.all()          # first reports: starts
+    ad.send(np.array([1, 1]), r.env_ids)
+    r = ad.recv()
+    assert r.env_ids.tolist() == [2, 3] and r.started.all()
+    ad.send(np.array([0, 0]), r.env_ids)
+    r = ad.recv()                                                    # steps of envs 0 and 1
+    assert r.started is None and [_ids(o) for o in r.obs] == [(0, 0, 1), (1, 0, 1)]
+    ad.send(np.array([2, 2]), r.env_ids)
+    ad.recv()
+    ad.send(np.array([0, 0]), np.array([2, 3]))
+    r = ad.recv()                                                    # envs 0, 1 end their episode
+    assert r.terminated.all() and r.started is None
+    eng.restarted.add(3)                                             # env 3's actor was replaced
+    ad.send(np.array([0, 0]), r.env_ids)
+    r = ad.recv()
+    assert r.env_ids.tolist() == [2, 3] and r.started.tolist() == [False, True]
+    ad.send(np.array([0, 0]), r.env_ids)
+    r = ad.recv()                                                    # the autoreset of 0 and 1
+    assert r.started.all() and [_ids(o) for o in r.obs] == [(0, 1, 0), (1, 1, 0)]
+
+
+def test_async_engine_end_to_end_every_sampled_transition():
+    from expreplay import ReplayMemory
+    from expreplay.runner import EnvRunner
+    from scripted_env import check_batch
+    eng = FakeEngine(6, 3, episode_lengths=(4, 7, 2), ends=('truncated', 'terminated'))
+    mem = ReplayMemory(300, (6,), 3, block_size=8)
+    runner = EnvRunner(eng, lambda s: np.zeros((len(s), 3)), mem, 3)
+    assert runner.is_async
+    for _ in range(900):
+        runner.step(0.5)
+    envs = {e.env_id: e for e in eng.envs}
+    taken = sum(len(e.transitions) for e in eng.envs)
+    # Every step the engine took is stored, except the ones whose results the runner has not
+    # received yet (at most one per sub-env).
+    assert taken - eng.num_envs <= mem.num_steps_written == runner.steps <= taken
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        check_batch(mem.sample_batch(64, rng=rng), envs, 3)

@@ -446,22 +446,25 @@ class LaneLog:
         self.history_len = self.mem.history_len
         self.episodes = []    # [{'frames': [...], 'actions': [...], 'rewards': [...], ...}]
 
-    def new_writer(self):
-        log, inner = self, self.mem.new_writer()
+    def new_batch_writer(self, k):
+        log, inner = self, self.mem.new_batch_writer(k)
+        current = [None] * k
 
         class Writer:
-            def start_episode(self, obs):
-                log.episodes.append({'frames': [np.array(obs)], 'actions': [], 'rewards': [],
-                                     'ends': []})
-                inner.start_episode(obs)
+            def start_episodes(self, lanes, frames, **kw):
+                for lane, frame in zip(np.asarray(lanes).tolist(), frames):
+                    current[lane] = {'frames': [np.array(frame)], 'actions': [], 'rewards': [], 'ends': []}
+                    log.episodes.append(current[lane])
+                inner.start_episodes(lanes, frames, **kw)
 
-            def add_step(self, action, reward, next_obs, terminated=False, truncated=False):
-                ep = log.episodes[-1]
-                ep['frames'].append(np.array(next_obs))
-                ep['actions'].append(action)
-                ep['rewards'].append(reward)
-                ep['ends'].append((terminated, truncated))
-                inner.add_step(action, reward, next_obs, terminated=terminated, truncated=truncated)
+            def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, **kw):
+                for j, lane in enumerate(np.asarray(lanes).tolist()):
+                    ep = current[lane]
+                    ep['frames'].append(np.array(next_frames[j]))
+                    ep['actions'].append(int(actions[j]))
+                    ep['rewards'].append(float(rewards[j]))
+                    ep['ends'].append((bool(terminated[j]), bool(truncated[j])))
+                inner.add_steps(lanes, actions, rewards, next_frames, terminated, truncated, **kw)
 
             def close(self):
                 inner.close()

@@ -282,7 +282,8 @@ def test_vector_env_players_insert_num_envs_per_request():
 
 @pytest.mark.parametrize('manager_kwargs,pipelined,threads', [
     (None, True, ['InferenceThread', 'SimulatorThread-0']),
-    ({'simulator_threads': None}, False, ['SimulatorThread-0', 'SimulatorThread-1', 'SimulatorThread-2'])],
+    ({'simulator_threads': 3}, False, ['InferenceThread', 'SimulatorThread-0', 'SimulatorThread-1',
+                                       'SimulatorThread-2'])],
     ids=['default', 'thread-per-player'])
 def test_several_single_env_players_default_to_one_pipelined_thread(manager_kwargs, pipelined, threads):
     factory = EnvFactory()
@@ -310,4 +311,4 @@ def test_vector_env_players_get_a_thread_each():
     with stream:
         take(iter(stream), 5)
         assert not stream._population.manager.pipelined
-        assert sorted(our_threads()) == ['SimulatorThread-0', 'SimulatorThread-1']
+        assert sorted(our_threads()) == ['InferenceThread', 'SimulatorThread-0', 'SimulatorThread-1']
