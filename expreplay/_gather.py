@@ -63,6 +63,16 @@ def gather_frames(frames, idx, layout='NHWC', out=None):
     return out
 
 
+def gather_history(frames, idx):
+    """:func:`gather_frames` NHWC for indices the caller built itself (in range, intp): the
+    acting path's per-step state gather, without the checks that cost as much as the copy."""
+    out = np.empty((idx.shape[0],) + frames.shape[1:] + (idx.shape[1],), frames.dtype)
+    if _gather_ext is not None and frames.itemsize == 1 and 2 <= idx.shape[1] <= 8:
+        _gather_ext.interleave(frames, idx, out)
+        return out
+    return _gather_nhwc_numpy(frames, idx, out)
+
+
 def _gather_nhwc_numpy(frames, idx, out):
     """Pure-numpy NHWC: gather one history column at a time, then one strided copy into
     out[..., j]. Per column, the copy's inner loop runs along a whole frame; copying the

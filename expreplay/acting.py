@@ -32,6 +32,11 @@ from .envs import NO_LIVES, FrameFormat, FrameHistory, adapt_env
 from .episodes import EpisodeStart, RestartPoint, make_record
 from .errors import EnvError, PredictorError
 
+try:  # optional, built by setup.py when a C compiler is available
+    from . import _acting_ext
+except ImportError:
+    _acting_ext = None
+
 __all__ = ['EnvRunner', 'ActingGroup', 'check_q_values', 'as_q_values']
 
 logger = logging.getLogger(__name__)
@@ -343,6 +348,7 @@ class ActingGroup:
         # (explore?, random action) uniforms, the next at its cursor.
         self._uniforms = np.zeros((self.num_lanes, _DRAWS, 2))
         self._cursor = np.full(self.num_lanes, _DRAWS)
+        self._eps = np.zeros(1)
 
         for r in runners:
             if r._group is not None and r._group is not self:
@@ -410,7 +416,7 @@ class ActingGroup:
         if self._pending is not None:
             raise RuntimeError("begin called twice without finish")
         members = self._all_members if members is None else np.asarray(members, np.int64)
-        if np.ndim(exploration):
+        if isinstance(exploration, (list, tuple, np.ndarray)):
             eps = np.asarray(exploration, np.float64)
             if eps.shape != members.shape or not ((eps >= 0) & (eps <= 1)).all():
                 raise ValueError(f"exploration must be probabilities in [0, 1], one per member, "
@@ -428,18 +434,32 @@ class ActingGroup:
             lanes = self.runner_lanes[members[0]]
         else:
             lanes = np.concatenate([self.runner_lanes[k] for k in members])
-            if np.ndim(eps):
+            if isinstance(eps, np.ndarray):
                 eps = np.repeat(eps, [self.runners[k].num_envs for k in members])
-        u = self._draw(lanes)
-        actions = (u[:, 1] * self.num_actions).astype(np.int64)
-        greedy = np.flatnonzero((u[:, 0] >= eps) & self._open[lanes])
+        actions, greedy = self._draw(lanes, eps)
         self._pending = (members, lanes, actions, greedy)
         return self._history.states(lanes[greedy])
 
-    def _draw(self, lanes):
+    def _draw(self, lanes, eps):
+        """Epsilon-greedy draws for ``lanes``: (random actions, positions of the greedy rows)."""
+        if _acting_ext is not None:
+            n = len(lanes)
+            actions, greedy = np.empty(n, np.int64), np.empty(n, np.int64)
+            if not isinstance(eps, np.ndarray):
+                self._eps[0] = eps
+                eps = self._eps
+            g = _acting_ext.draw_actions(lanes, self._uniforms, self._cursor, _DRAWS, eps,
+                                         self._open, self.num_actions, actions, greedy)
+            if g >= 0:
+                return actions, greedy[:g]
+        u = self._uniforms_of(lanes)
+        actions = (u[:, 1] * self.num_actions).astype(np.int64)
+        return actions, np.flatnonzero((u[:, 0] >= eps) & self._open[lanes])
+
+    def _uniforms_of(self, lanes):
         """The next (explore, action) uniforms of each lane: ``(len(lanes), 2)``."""
         cursor = self._cursor[lanes]
-        if (cursor == _DRAWS).any():
+        if cursor.max() == _DRAWS:
             for k in np.unique(self._lane_runner[lanes[cursor == _DRAWS]]).tolist():
                 rows = self.runner_lanes[k]
                 rows = rows[self._cursor[rows] == _DRAWS]
@@ -504,36 +524,52 @@ class ActingGroup:
         obs_buf, rew, term, trunc, lives = (self._obs_buf, self._reward_buf, self._term_buf,
                                             self._trunc_buf, self._lives_buf)
         shape, dtype, fmt = self._frame_shape, self._dtype, self._format
-        ok = np.ones(len(members), bool)
+        runners = self.runners
+        failed = []
         acts = actions.tolist()
         for j, k in enumerate(members.tolist()):
-            runner = self.runners[k]
             try:
-                obs, rew[j], term[j], trunc[j], lives[j] = runner._adapter.step_one(acts[j])
+                obs, rew[j], term[j], trunc[j], lives[j] = runners[k]._adapter.step_one(acts[j])
                 if type(obs) is not np.ndarray or obs.shape != shape or obs.dtype != dtype:
                     obs = fmt(obs)
                 obs_buf[j] = obs
             except Exception as err:
-                ok[j] = False
-                self._fail(k, self._env_error(runner, 'step', err), failures)
+                failed.append((j, err))
         m = len(members)
-        if dtype.kind == 'f' and m and not np.isfinite(obs_buf[:m][ok]).all():
-            for j in np.flatnonzero(ok & ~np.isfinite(obs_buf[:m].reshape(m, -1)).all(axis=1)):
-                ok[j] = False
-                self._fail(members[j], self._env_error(
-                    self.runners[members[j]], 'step', ValueError("observation holds NaN or inf")), failures)
-        bad_reward = ~(np.abs(rew[:m]) <= _F32_MAX)
-        for j in np.flatnonzero(ok & bad_reward):
-            ok[j] = False
-            self._fail(members[j], self._env_error(
-                self.runners[members[j]], 'step', ValueError(f"reward {rew[j]!r} is not finite "
-                                                             "or does not fit float32")), failures)
-        rows = slice(None, m) if ok.all() else np.flatnonzero(ok)
+        if not failed and (dtype.kind != 'f' or np.isfinite(obs_buf[:m]).all()):
+            stepped = members
+            rows = slice(None, m)
+            # The common case in one C call (it checks the rewards itself).
+            if self._writer.add_steps_with_history(stepped, actions, rew[rows], obs_buf[rows],
+                                                   term[rows], trunc[rows], lives[rows],
+                                                   self._history, self._score, self._length,
+                                                   self._lives):
+                for k in stepped.tolist():
+                    runners[k].steps += 1
+                if self._observers:
+                    self._observe_stepped(stepped, actions)
+                return
+        # The memory's rules for what the envs returned, checked on the whole batch at once.
+        if not np.abs(rew[:m]).max() <= _F32_MAX:
+            failed += [(j, ValueError(f"reward {rew[j]!r} is not finite or does not fit float32"))
+                       for j in np.flatnonzero(~(np.abs(rew[:m]) <= _F32_MAX)).tolist()]
+        if dtype.kind == 'f' and not np.isfinite(obs_buf[:m]).all():
+            failed += [(j, ValueError("observation holds NaN or inf")) for j in
+                       np.flatnonzero(~np.isfinite(obs_buf[:m].reshape(m, -1)).all(axis=1)).tolist()]
+        if failed:
+            ok = np.ones(m, bool)
+            for j, err in failed:
+                if ok[j]:
+                    ok[j] = False
+                    self._fail(members[j], self._env_error(runners[members[j]], 'step', err), failures)
+            rows = np.flatnonzero(ok)
+        else:
+            rows = slice(None, m)
         stepped = members[rows]
         for k in stepped.tolist():
-            self.runners[k].steps += 1
+            runners[k].steps += 1
         self._store(stepped, actions[rows], obs_buf[rows], rew[rows], term[rows], trunc[rows],
-                    lives[rows])
+                    lives[rows], fast=False)
 
     def _step_vector(self, k, actions, failures):
         runner = self.runners[k]
@@ -598,34 +634,54 @@ class ActingGroup:
         self._store(lanes, actions, frames, reward, term, trunc, lives)
 
     # ------------------------------------------------------------------ storing
-    def _store(self, lanes, actions, frames, rewards, terminated, truncated, lives):
+    def _observe_stepped(self, lanes, actions):
+        self._last_actions[lanes] = actions
+        self._observe(lanes)
+
+    def _store(self, lanes, actions, frames, rewards, terminated, truncated, lives, fast=True):
         """Write the steps of ``lanes`` (arrays, one row each) and do the episodes' bookkeeping."""
         if not len(lanes):
             return
-        prev_lives = self._lives[lanes]
-        lost = (lives >= 0) & (prev_lives >= 0) & (lives < prev_lives)
-        life_lost = lost & self._life_loss_terminal[lanes]
-        # A life loss is terminal for training only; a game both truncated and ended by a life
-        # loss counts as terminated (no bootstrapping across a lost life).
-        term_mem = terminated | life_lost
-        trunc_mem = truncated & ~term_mem
-        self._writer.add_steps(lanes, actions, rewards, frames, term_mem, trunc_mem, checked=True)
-        self._lives[lanes] = lives
+        # The common case (no episode end, no lost life, no block change) in one C call.
+        if fast and self._writer.add_steps_with_history(
+                lanes, actions, rewards, frames, terminated, truncated, lives, self._history,
+                self._score, self._length, self._lives):
+            if self._observers:
+                self._observe_stepped(lanes, actions)
+            return
+        if lives.max() >= 0:
+            prev_lives = self._lives[lanes]
+            lost = (lives >= 0) & (prev_lives >= 0) & (lives < prev_lives)
+            life_lost = lost & self._life_loss_terminal[lanes]
+            self._lives[lanes] = lives
+            if lost.any():
+                self._life_losses[lanes[lost]] += 1
+            any_life_lost = life_lost.any()
+        else:
+            any_life_lost = False
+        if any_life_lost:
+            # A life loss is terminal for training only; a game both truncated and ended by a
+            # life loss counts as terminated (no bootstrapping across a lost life).
+            self._writer.add_steps(lanes, actions, rewards, frames, terminated | life_lost,
+                                   truncated & ~(terminated | life_lost), checked=True)
+        else:
+            self._writer.add_steps(lanes, actions, rewards, frames, terminated, truncated,
+                                   checked=True)
         self._score[lanes] += rewards
         self._length[lanes] += 1
         game_over = terminated | truncated
-        if lost.any():
-            self._life_losses[lanes[lost]] += 1
-        if game_over.any() or life_lost.any():
-            for j in np.flatnonzero(game_over):
+        if any_life_lost or game_over.any():
+            for j in np.flatnonzero(game_over).tolist():
                 self._end_game(int(lanes[j]), bool(terminated[j]), bool(truncated[j]))
-            # The env goes on from this frame: it is the first frame of the next training
-            # episode, so the state after a lost life holds no frames from the previous life.
-            restart = life_lost & ~game_over
-            if restart.any():
+            if any_life_lost:
+                # The env goes on from this frame: it is the first frame of the next training
+                # episode, so the state after a lost life holds no frames from the previous life.
+                restart = life_lost & ~game_over
                 self._writer.start_episodes(lanes[restart], frames[restart], checked=True)
                 self._history.start(lanes[restart], frames[restart])
-            going = ~(game_over | life_lost)
+                going = ~(game_over | life_lost)
+            else:
+                going = ~game_over
             self._history.push(lanes[going], frames[going])
         else:
             self._history.push(lanes, frames)

@@ -35,7 +35,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ._gather import gather_frames
+from ._gather import gather_history
 from .memory import as_frame, as_frames
 
 __all__ = ['Results', 'EnvAdapter', 'SingleEnvAdapter', 'VectorEnvAdapter', 'AsyncVectorAdapter',
@@ -595,6 +595,7 @@ class FrameHistory:
         self.history_len = h = int(history_len)
         self._frames = np.zeros((num_lanes * h,) + tuple(state_shape), dtype)
         self._pos = np.zeros(num_lanes, np.int64)
+        self._base = np.arange(num_lanes, dtype=np.int64) * h     # each lane's first row
         self._ring = np.arange(1, h + 1)
 
     def start(self, lanes, frames):
@@ -613,7 +614,7 @@ class FrameHistory:
         lanes = np.asarray(lanes, np.int64)
         pos = (self._pos[lanes] + 1) % h
         self._pos[lanes] = pos
-        self._frames[lanes * h + pos] = frames
+        self._frames[self._base[lanes] + pos] = frames
 
     def latest(self, lane):
         """The newest frame of ``lane`` (a view)."""
@@ -621,7 +622,5 @@ class FrameHistory:
 
     def states(self, lanes):
         """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
-        h = self.history_len
-        lanes = np.asarray(lanes, np.intp)
-        rows = lanes[:, None] * h + (self._pos[lanes][:, None] + self._ring) % h
-        return gather_frames(self._frames, rows, 'NHWC')
+        rows = self._base[lanes][:, None] + (self._pos[lanes][:, None] + self._ring) % self.history_len
+        return gather_history(self._frames, rows)

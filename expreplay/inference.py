@@ -24,8 +24,12 @@ __all__ = ['InferenceThread', 'Prediction']
 
 
 class Prediction:
-    """A submission's states and, once computed, its Q-values or the error."""
+    """A submission's states and, once computed, its Q-values or the error (``done``)."""
     __slots__ = ('states', 'owner', 'result', 'error', '_done', '_ready')
+
+    @property
+    def done(self):
+        return self._done
 
     def __init__(self, states, owner):
         self.states = states
@@ -67,12 +71,25 @@ class InferenceThread:
         thread_context (callable, optional): a context manager the thread enters first (e.g.
             a TF1 session's ``as_default``).
 
+        on_done (callable, optional): called (from this thread, no lock held) after each call's
+            predictions are delivered: lets a simulator thread wait for "a prediction is done
+            or a request came", whichever is first.
+        inline_below (float): seconds. While the predictor's calls take less than this (a
+            running average), :meth:`submit` runs it in the submitting thread instead: a
+            hand-over to this thread and back costs more than such a call (tens of
+            microseconds). Calls are serialized either way. 0: always in this thread.
+
     Attributes ``calls``, ``rows``, ``max_rows_seen`` count the predictor calls; ``busy_since``
     is the monotonic time the running call started (None when idle), for a watchdog.
     """
 
-    def __init__(self, predictor, max_batch=32, name='InferenceThread', thread_context=None):
+    def __init__(self, predictor, max_batch=32, name='InferenceThread', thread_context=None,
+                 on_done=None, inline_below=2e-4):
         self.predictor = predictor
+        self._on_done = on_done
+        self.inline_below = float(inline_below)
+        self._call_time = 1.0          # running average of a call's seconds: start threaded
+        self._call_lock = threading.Lock()   # the predictor runs under it, wherever it runs
         self.max_batch = check_int(max_batch, 'max_inference_batch', 1)
         self._thread_context = thread_context or contextlib.nullcontext
         self._cond = threading.Condition(threading.Lock())
@@ -99,8 +116,17 @@ class InferenceThread:
                 raise ManagerClosed("the inference thread is closed")
             if self._failure is not None:
                 raise PredictorError(f"{self.thread.name} failed: {self._failure!r}") from self._failure
-            self._queue.append(pred)
-            self._cond.notify()
+            inline = self._call_time < self.inline_below and not self._queue
+            if not inline:
+                self._queue.append(pred)
+                self._cond.notify()
+        if inline:
+            try:
+                result, error = self._run([pred])[0], None
+            except BaseException as err:
+                result, error = None, err
+            with self._cond:
+                pred._complete(result, error)
         return pred
 
     def _serve(self):
@@ -125,7 +151,6 @@ class InferenceThread:
                     return
                 batch = self._take_batch()
                 self._running = batch
-                self.busy_since = time.monotonic()
                 cond.release()
                 try:
                     results, error = self._run(batch), None
@@ -133,10 +158,15 @@ class InferenceThread:
                     results, error = None, err
                 finally:
                     cond.acquire()
-                    self.busy_since = None
                 for k, pred in enumerate(batch):   # close() may have failed some already
                     pred._complete(None if results is None else results[k], error)
                 self._running = []
+                if self._on_done is not None:
+                    cond.release()
+                    try:
+                        self._on_done()
+                    finally:
+                        cond.acquire()
 
     def _take_batch(self):
         """The oldest submission, and queued ones of other submitters while they fit."""
@@ -160,7 +190,13 @@ class InferenceThread:
         chunks = []
         for lo in range(0, n, self.max_batch):
             part = states[lo:lo + self.max_batch]
-            q = np.asarray(as_q_values(self.predictor(part)))
+            with self._call_lock:
+                self.busy_since = t0 = time.monotonic()
+                try:
+                    q = np.asarray(as_q_values(self.predictor(part)))
+                finally:
+                    self.busy_since = None
+                self._call_time += 0.2 * (time.monotonic() - t0 - self._call_time)
             if q.ndim != 2 or q.shape[0] != len(part):
                 raise PredictorError(f"predictor returned Q-values of shape {q.shape} for "
                                      f"{len(part)} states; expected ({len(part)}, num_actions)")

@@ -194,7 +194,7 @@ class EnvRunnerManager:
                     suffix = f'-{len(self._batchers)}' if self._batchers else ''
                     self._batchers[key] = InferenceThread(
                         g.predictor, max_inference_batch, name='InferenceThread' + suffix,
-                        thread_context=self._thread_context)
+                        thread_context=self._thread_context, on_done=self._prediction_done)
                 self._groups.append(g)
         self._thread_groups = plan
         for j, groups in enumerate(plan):
@@ -363,7 +363,10 @@ class EnvRunnerManager:
                 while True:
                     if idle and len(inflight) < 2:
                         slot = idle[0]
-                        reqs = self._take_up_to(slot.capacity, block=not inflight)
+                        # With a group in flight, wait for a request or that group's Q-values,
+                        # whichever comes first: beginning the idle group keeps both busy.
+                        reqs = self._take_up_to(slot.capacity, block=not inflight,
+                                                until=inflight[0][2] if inflight else None)
                         if reqs is None:
                             return
                         if reqs:
@@ -459,14 +462,22 @@ class EnvRunnerManager:
         finally:
             self._finish(*reqs)   # at once: with a small maximum_staleness the window waits for it
 
-    def _take_up_to(self, n, block):
-        """Up to ``n`` queued requests (waiting for one if ``block``); None once closed or failed."""
+    def _take_up_to(self, n, block, until=None):
+        """Up to ``n`` queued requests; None once closed or failed. ``block``: wait for one;
+        else with ``until`` (a Prediction), wait for one only while it is not done."""
         with self._lock:
-            while block and not self._queue and not self._closed and self._fault is None:
+            while not self._queue and not self._closed and self._fault is None:
+                if not (block or (until is not None and not until.done)):
+                    break
                 self._work.wait()
             if self._closed or self._fault is not None:
                 return None
             return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+
+    def _prediction_done(self):
+        """The inference thread delivered Q-values: wake simulator threads waiting for them."""
+        with self._lock:
+            self._work.notify_all()
 
     def _finish(self, *reqs):
         """Book requests as finished (their steps are in the memory); wakes step() once."""

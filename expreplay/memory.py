@@ -56,6 +56,11 @@ import numpy as np
 from ._checks import check_bool, check_int
 from ._gather import gather_frames
 
+try:  # optional, built by setup.py when a C compiler is available
+    from . import _acting_ext
+except ImportError:
+    _acting_ext = None
+
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'as_frame', 'as_frames']
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
@@ -138,6 +143,7 @@ class ReplayMemory:
         self.num_blocks = max(2, -(-self.max_size // self.block_size))
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots
+        self._frame_bytes = int(np.prod(self.state_shape)) * self.dtype.itemsize
 
         # np.zeros of a large array maps zero pages lazily: nothing is touched up front.
         self._frames = np.zeros((self.num_slots + 1,) + self.state_shape, self.dtype)
@@ -485,6 +491,19 @@ class BatchWriter:
     a :class:`LaneWriter`: its own chain of blocks, its episodes contiguous, every step
     sampleable as soon as the call returns.
 
+    Per-lane state (arrays over the lanes), and why the common call needs so few operations:
+
+    * ``_block``: the lane's active block (-1: none yet); ``_next``: its next free slot.
+      ``_safe`` counts the calls left before some lane may run out of room in its block; a call
+      writes at most one frame per lane, so until it reaches 0 no block needs claiming.
+    * ``_cur_slot``: the slot of the lane's current observation (-1: no episode open), the
+      slot the next step is taken from; ``_cur_gen`` its block's generation when written.
+    * ``_cur_off``: ``_cur_slot``'s offset in the active block, or -1 when it lies in the
+      lane's previous block. A step from a slot at offset >= ``history_len - 1`` of the active
+      block is VALID at once (I3: its history is in the block, and an active block is never
+      evicted); the others (just after a block change) take the careful path, which checks
+      the previous block's generation and the ``block_prev_intact`` link.
+
     Use it from one thread. ``lanes`` arguments are int arrays of distinct lane indices in
     ``[0, num_lanes)``.
     """
@@ -493,10 +512,13 @@ class BatchWriter:
         self.memory = memory
         self.num_lanes = check_int(num_lanes, 'num_lanes', 1)
         k = self.num_lanes
-        self._block = np.full(k, -1, np.int64)      # active block per lane, -1: none yet
-        self._cur_slot = np.full(k, -1, np.int64)   # slot of the current observation, -1: no episode
-        self._cur_epstep = np.zeros(k, np.int64)
-        self._cur_gen = np.zeros(k, np.int64)       # generation of that slot's block when written
+        self._block = np.full(k, -1, np.int64)
+        self._next = np.zeros(k, np.int64)
+        self._cur_slot = np.full(k, -1, np.int64)
+        self._cur_gen = np.zeros(k, np.int64)
+        self._cur_epstep = np.zeros(k, np.int64)   # kept here: the slot's block may be evicted
+        self._cur_off = np.full(k, -1, np.int64)
+        self._safe = 0
         self._closed = False
 
     def in_episode(self, lanes=None):
@@ -510,13 +532,17 @@ class BatchWriter:
         An episode still open in such a lane is abandoned: its steps so far stay sampleable.
         ``checked=True`` skips the frame check (the caller ran :func:`as_frames` itself).
         """
+        mem = self.memory
         lanes = self._lanes(lanes)
         if not checked:
-            frames = as_frames(frames, len(lanes), self.memory.state_shape, self.memory.dtype, 'frames')
-        slots = self._write(lanes, frames, np.zeros(len(lanes), np.int64), None)
-        self._cur_slot[lanes] = slots
-        self._cur_epstep[lanes] = 0
-        self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
+            frames = as_frames(frames, len(lanes), mem.state_shape, mem.dtype, 'frames')
+        slots = self._slots(lanes)
+        mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
+        with mem._lock:
+            mem._epstep[slots] = 0
+            mem._flags[slots] = 0
+            mem._block_fill[self._block[lanes]] += 1
+        self._advance(lanes, slots, 0)
 
     def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False):
         """Record the step each of ``lanes`` took from its current observation.
@@ -525,31 +551,77 @@ class BatchWriter:
         ``next_frames`` (the observation after the step; the final observation when the step
         ends the episode, also for a truncated end), ``terminated`` / ``truncated`` (bool: as
         in :meth:`LaneWriter.add_step`). A lane whose step ends its episode must start a new
-        one before its next step. ``checked=True`` skips the checks of the values.
+        one before its next step. ``checked=True`` skips the checks of the values (the
+        runners check them before, so that a bad value is the env's failure).
         """
         mem = self.memory
         lanes = self._lanes(lanes)
         n = len(lanes)
         cur = self._cur_slot[lanes]
-        if (cur < 0).any():
-            raise RuntimeError(f"add_steps: lanes {lanes[cur < 0].tolist()} are outside an episode: "
-                               "start_episodes(lanes, frames) with the reset observations first")
-        terminated = np.asarray(terminated)
-        truncated = np.asarray(truncated)
         if not checked:
+            if (cur < 0).any():
+                raise RuntimeError(f"add_steps: lanes {lanes[cur < 0].tolist()} are outside an episode: "
+                                   "start_episodes(lanes, frames) with the reset observations first")
             actions = check_actions(actions, n, 'actions')
             rewards = check_rewards(rewards, n, 'rewards')
             next_frames = as_frames(next_frames, n, mem.state_shape, mem.dtype, 'next_frames')
             terminated = _bool_array(terminated, n, 'terminated')
             truncated = _bool_array(truncated, n, 'truncated')
-        flags = (_HAS_ACTION | np.where(terminated, _TERMINATED, 0)
-                 | np.where(truncated, _TRUNCATED, 0)).astype(np.uint8)
-        slots = self._write(lanes, next_frames, self._cur_epstep[lanes] + 1,
-                            (cur, self._cur_gen[lanes], actions, rewards, flags))
         ended = terminated | truncated
-        self._cur_slot[lanes] = np.where(ended, -1, slots)
-        self._cur_epstep[lanes] += 1
-        self._cur_gen[lanes] = mem._block_gen[self._block[lanes]]
+        any_end = ended.any()
+        if any_end:
+            flags = (terminated.astype(np.uint8) << 1) | (truncated.astype(np.uint8) << 2) \
+                | np.uint8(_HAS_ACTION | _VALID)
+        else:
+            flags = np.uint8(_HAS_ACTION | _VALID)
+        careful = (self._cur_off[lanes] < mem.history_len - 1).any()
+        slots = self._slots(lanes)
+        epsteps = self._cur_epstep[lanes] + 1
+        mem._frames[slots] = next_frames   # outside the lock (I1, I2)
+        with mem._lock:
+            mem._epstep[slots] = epsteps
+            mem._flags[slots] = 0
+            mem._block_fill[self._block[lanes]] += 1
+            mem._num_steps_written += n
+            if careful:
+                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags)
+            else:
+                mem._action[cur] = actions
+                mem._reward[cur] = rewards
+                mem._flags[cur] = flags
+                mem._num_valid += n
+        self._advance(lanes, slots, epsteps)
+        if any_end:
+            self._cur_slot[lanes[ended]] = -1
+
+    def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
+                               lives, history, scores, lengths, lives_now):
+        """The common case of an acting step in one C call (``expreplay._acting_ext``): the
+        steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
+        companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
+        ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
+        changed nothing, when the kernel is not built or a lane needs the general path (a full
+        block, a slot near a block start, an episode end, a lost life, a bad reward)."""
+        if _acting_ext is None or self._safe <= 0 or self._closed:
+            return False
+        mem = self.memory
+        with mem._lock:
+            try:
+                n = _acting_ext.store_steps(
+                    lanes, actions, next_frames, rewards, terminated, truncated, lives,
+                    self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
+                    mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
+                    history._frames, history._pos, history._base, scores, lengths, lives_now,
+                    mem._frame_bytes, mem.history_len, mem.block_size, mem.num_slots, mem.num_blocks,
+                    self.num_lanes)
+            except (BufferError, ValueError):    # e.g. a non-contiguous frame batch: general path
+                return False
+            if n < 0:
+                return False
+            mem._num_valid += n
+            mem._num_steps_written += n
+        self._safe -= 1
+        return True
 
     def close(self):
         """Detach from the memory: every lane's active block is retired. Idempotent."""
@@ -568,37 +640,41 @@ class BatchWriter:
             raise RuntimeError("this writer is closed")
         return np.asarray(lanes, np.int64).reshape(-1)
 
-    def _write(self, lanes, frames, epsteps, finish):
-        """Write ``frames`` into the next slot of each lane; publish them and ``finish``'s steps.
+    def _slots(self, lanes):
+        """The slot each lane writes its next frame to (claiming blocks where full)."""
+        if self._safe <= 0:
+            self._claim_where_full()
+        self._safe -= 1
+        return self._next[lanes]
 
-        ``finish = (slots, gens, actions, rewards, flags)``: the steps taken from those slots
-        (the lanes' current observations), published in the same critical section.
-        """
+    def _claim_where_full(self):
+        """Give every lane with a full (or no) block a new one; recount ``_safe``."""
         mem = self.memory
         bs = mem.block_size
-        blocks = self._block[lanes]
-        full = (blocks < 0) | (mem._block_fill[np.maximum(blocks, 0)] == bs)
-        if full.any():
+        blocks = self._block
+        full = np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs))
+        if len(full):
             with mem._lock:
-                for j in np.flatnonzero(full):
+                for j in full.tolist():
                     blocks[j] = mem._claim_block(int(blocks[j]))
-            self._block[lanes] = blocks
-        slots = blocks * bs + mem._block_fill[blocks]
-        mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
-        with mem._lock:
-            mem._epstep[slots] = epsteps
-            mem._flags[slots] = 0
-            mem._block_fill[blocks] += 1      # one active block per lane: no repeats
-            if finish is not None:
-                self._publish(*finish)
-        return slots
+            self._next[full] = blocks[full] * bs
+            # The current observations of those lanes now lie in the previous block.
+            self._cur_off[full] = -1
+        self._safe = int((blocks * bs + bs - self._next).min())
 
-    def _publish(self, slots, gens, actions, rewards, flags):
-        """Store the steps taken from ``slots``; VALID where their history is intact (I3).
+    def _advance(self, lanes, slots, epsteps):
+        """The frames just written at ``slots`` are the lanes' current observations."""
+        self._next[lanes] = slots + 1
+        self._cur_slot[lanes] = slots
+        self._cur_epstep[lanes] = epsteps
+        self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
+        self._cur_off[lanes] = slots - self._block[lanes] * self.memory.block_size
 
-        Caller holds the lock."""
+    def _publish_carefully(self, slots, gens, actions, rewards, flags):
+        """Store the steps taken from ``slots`` where some lie in a previous block or at the
+        start of one: VALID only where their history is intact (I3). Caller holds the lock."""
         mem = self.memory
-        mem._num_steps_written += len(slots)
+        flags = np.broadcast_to(flags, slots.shape)
         block, offset = np.divmod(slots, mem.block_size)
         # A slot whose block was evicted since (it was the last of the lane's previous block,
         # and the oldest) is as gone as any evicted step.
@@ -610,7 +686,7 @@ class BatchWriter:
         mem._reward[slots] = rewards
         needs_prev = np.minimum(mem._epstep[slots], mem.history_len - 1) > offset
         valid = ~needs_prev | mem._block_prev_intact[block]
-        mem._flags[slots] = flags | np.where(valid, _VALID, 0).astype(np.uint8)
+        mem._flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
         mem._num_valid += int(np.count_nonzero(valid))
 
 

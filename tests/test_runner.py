@@ -135,6 +135,9 @@ class RecordingBatchWriter:
                                      bool(terminated[j]), bool(truncated[j])))
         self.writer.add_steps(lanes, actions, rewards, next_frames, terminated, truncated, **kw)
 
+    def add_steps_with_history(self, *args):
+        return False    # the general path, so that every step is logged
+
     def close(self):
         self.writer.close()
 
@@ -154,9 +157,28 @@ class RecordingMemory:
 
 
 # ----------------------------------------------------------------------------- end to end
+@pytest.fixture(params=['C kernels', 'numpy'])
+def kernels(request, monkeypatch):
+    """Run a test with the optional C kernels of the acting path, and with the numpy path
+    they are a shortcut for (as on a machine without a compiler)."""
+    if request.param == 'numpy':
+        import expreplay.acting
+        import expreplay.memory
+        monkeypatch.setattr(expreplay.acting, '_acting_ext', None)
+        monkeypatch.setattr(expreplay.memory, '_acting_ext', None)
+    elif expreplay_kernels_missing():
+        pytest.skip("the C kernels are not built here")
+    return request.param
+
+
+def expreplay_kernels_missing():
+    import expreplay.acting
+    return expreplay.acting._acting_ext is None
+
+
 @pytest.mark.parametrize('threads', MODES)
 @pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
-def test_threads_end_to_end_every_sampled_transition(env_cls, threads):
+def test_threads_end_to_end_every_sampled_transition(env_cls, threads, kernels):
     envs = {i: env_cls(i, episode_lengths=(5, 3, 8, 13), ends=('terminated', 'truncated', 'truncated'))
             for i in range(3)}
     mem = ReplayMemory(120, (6,), H, block_size=8)    # small: the run wraps around many times
@@ -204,7 +226,7 @@ def test_single_runner_runs_inline_without_threads():
 @pytest.mark.parametrize('threads', [DEFAULT, PER_RUNNER, PIPELINED_1])
 @pytest.mark.parametrize('mode', [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP,
                                   AutoresetMode.DISABLED])
-def test_vector_env_runners_end_to_end(mode, threads):
+def test_vector_env_runners_end_to_end(mode, threads, kernels):
     envs = {}
 
     def make(i):
@@ -344,7 +366,7 @@ def test_life_loss_is_terminal_for_training_only_on_breakout():
     runner.close()
 
 
-def test_life_loss_with_scripted_lives_samples_right():
+def test_life_loss_with_scripted_lives_samples_right(kernels):
     envs = {i: ScriptedEnv(i, episode_lengths=10 ** 6, lives=3, life_every=4) for i in range(2)}
     mem = ReplayMemory(400, (6,), H)
     pred = StepPredictor(life_every=4)
