@@ -8,6 +8,8 @@ ATARI = ['gymnasium>=1.0', 'ale-py>=0.12', 'opencv-python-headless']
 # 0.5.4 is the first release that can store uint8 frames losslessly (jpeg_encoding=False).
 MINARI = ['minari[hdf5]>=0.5.4,<0.6', 'pillow']
 TEST = ['pytest>=7', 'pytest-timeout', 'tqdm', 'matplotlib']
+# EnvPool's wheels exist for Python >= 3.11 on Linux; elsewhere the extra installs nothing.
+ENVPOOL = ['envpool>=1.2,<1.3; python_version >= "3.11" and sys_platform == "linux"']
 
 setup(
     name='expreplay',
@@ -29,7 +31,8 @@ setup(
         'tensorpack': TENSORPACK + ['tqdm'],
         'minari': MINARI,
         'test': TEST,
-        'all': ATARI + TENSORPACK + MINARI + TEST,
+        'envpool': ENVPOOL,
+        'all': ATARI + TENSORPACK + MINARI + ENVPOOL + TEST,
     },
     license='Apache-2.0',
 )

@@ -147,3 +147,19 @@ def make_vector_env(env_id, num_envs, *, sticky=0.25, noop_max=30, num_threads=0
         img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], grayscale=True,
         stack_num=1, frameskip=4, maxpool=True, use_fire_reset=True,
         episodic_life=False, reward_clipping=False)
+
+
+def make_envpool(env_id, num_envs, *, batch_size=None, sticky=0.25, noop_max=30, seed=0):
+    """EnvPool's C++ Atari pool with the same preprocessing, one frame per observation.
+
+    ``batch_size`` < ``num_envs`` makes it asynchronous: ``recv`` returns the first
+    ``batch_size`` envs that are ready while the others keep stepping in EnvPool's threads, so
+    the runner predicts for one part while the engine steps the rest (default: half).
+    """
+    import envpool
+    return envpool.make(
+        env_id.split('/')[-1], env_type='gymnasium', num_envs=num_envs,
+        batch_size=batch_size or max(1, num_envs // 2), seed=seed,
+        img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], gray_scale=True, stack_num=1,
+        frame_skip=4, noop_max=noop_max, repeat_action_probability=sticky,
+        episodic_life=False, reward_clip=False, use_fire_reset=True)

@@ -4,6 +4,7 @@
     python examples/dqn_atari.py --env ALE/Pong-v5                      # train
     python examples/dqn_atari.py --env ALE/Pong-v5 --memory-size 100000  # fits in ~1 GB of RAM
     python examples/dqn_atari.py --env ALE/Pong-v5 --vector 4            # ale-py's C++ vector env
+    python examples/dqn_atari.py --env ALE/Pong-v5 --envpool 8           # EnvPool, asynchronous
     python examples/dqn_atari.py --env ALE/Pong-v5 --task eval --load train_log/dqn-pong/checkpoint
     python examples/dqn_atari.py --env ALE/Pong-v5 --task play --load ... --output pong.mp4
 
@@ -35,7 +36,7 @@ import os
 
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
 
-from atari_wrappers import FRAME_SHAPE, make_env, make_vector_env  # noqa: E402
+from atari_wrappers import FRAME_SHAPE, make_env, make_envpool, make_vector_env  # noqa: E402
 from dqn_model import DQNModel, evaluate, play_episode, tf  # noqa: E402
 from tensorpack import (AutoResumeTrainConfig, Callback, ModelSaver, ObjAttrParam,  # noqa: E402
                         OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
@@ -73,6 +74,9 @@ def parse_args(argv=None):
     p.add_argument('--vector', type=int, default=0, metavar='N',
                    help='use ale-py AtariVectorEnv with N sub-envs per player instead: they step in '
                         'C++ threads that release the GIL, which Python-thread players can not')
+    p.add_argument('--envpool', type=int, default=0, metavar='N',
+                   help='use one EnvPool of N envs instead (pip install envpool; Python >= 3.11), '
+                        'asynchronous: the predictor runs on one half while EnvPool steps the other')
     p.add_argument('--maximum-staleness', type=int,
                    help='step requests that may be pending (default 2 x update frequency; see tune_staleness.py)')
     p.add_argument('--no-life-loss', action='store_true',
@@ -145,7 +149,13 @@ def train(args, num_actions):
     logger.set_logger_dir(args.logdir, action='k' if args.resume else 'd')
     tf.set_random_seed(args.seed)
     uf = args.update_frequency
-    if args.vector:
+    if args.envpool:
+        # One player; a request receives (and stores) the steps of half its envs.
+        def player():
+            return make_envpool(args.env, args.envpool, sticky=args.sticky, seed=args.seed)
+        args.players = 1
+        requests_per_batch = max(1, round(uf / max(1, args.envpool // 2)))
+    elif args.vector:
         # One request steps all N sub-envs of one player: request uf/N of them per batch so
         # that a training step still sees about uf new transitions (the replay ratio batch/uf).
         def player():

@@ -207,7 +207,64 @@ static PyObject *draw_actions(PyObject *self, PyObject *args)
     return PyLong_FromSsize_t(g);
 }
 
+
+/* greedy_actions(q, greedy, actions): actions[greedy[i]] = argmax(q[i]) for the rows of the
+ * (g, num_actions) float32 or float64 Q-values (checked finite by the caller). numpy's argmax
+ * would do the same but release the GIL, which a simulator thread then waits to win back. */
+static PyObject *greedy_actions(PyObject *self, PyObject *args)
+{
+    PyObject *qo, *go, *ao;
+    if (!PyArg_ParseTuple(args, "OOO", &qo, &go, &ao))
+        return NULL;
+    Py_buffer q, g, a;
+    if (PyObject_GetBuffer(qo, &q, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(go, &g, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&q);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(ao, &a, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&q);
+        PyBuffer_Release(&g);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t rows = g.len / 8, na = a.len / 8;
+    int is_f = q.format && strcmp(q.format, "f") == 0, is_d = q.format && strcmp(q.format, "d") == 0;
+    if (q.ndim != 2 || q.shape[0] != rows || q.shape[1] < 1 || !(is_f || is_d)) {
+        PyErr_SetString(PyExc_ValueError, "greedy_actions: q must be (len(greedy), A) float32/64");
+        goto done;
+    }
+    Py_ssize_t A = q.shape[1];
+    const int64_t *gi = g.buf;
+    int64_t *act = a.buf;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (gi[i] < 0 || gi[i] >= na) {
+            PyErr_SetString(PyExc_IndexError, "greedy_actions: row out of range");
+            goto done;
+        }
+        Py_ssize_t best = 0;
+        if (is_f) {
+            const float *r = (const float *)q.buf + i * A;
+            for (Py_ssize_t k = 1; k < A; k++) if (r[k] > r[best]) best = k;
+        } else {
+            const double *r = (const double *)q.buf + i * A;
+            for (Py_ssize_t k = 1; k < A; k++) if (r[k] > r[best]) best = k;
+        }
+        act[gi[i]] = best;
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyBuffer_Release(&q);
+    PyBuffer_Release(&g);
+    PyBuffer_Release(&a);
+    return result;
+}
+
 static PyMethodDef methods[] = {
+    {"greedy_actions", greedy_actions, METH_VARARGS,
+     "actions[greedy[i]] = argmax(q[i]) without releasing the GIL."},
     {"draw_actions", draw_actions, METH_VARARGS,
      "Epsilon-greedy draws of a batch of lanes from pre-drawn uniforms; -1: refill first."},
     {"store_steps", store_steps, METH_VARARGS,

@@ -13,6 +13,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#define GIL_RELEASE_BYTES (1 << 20)
 #include <stdint.h>
 #include <string.h>
 
@@ -146,9 +148,16 @@ static PyObject *interleave(PyObject *self, PyObject *args)
         src[i] = (const uint8_t *)fr.buf + s * n;
     }
 
-    Py_BEGIN_ALLOW_THREADS
-    interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
-    Py_END_ALLOW_THREADS
+    /* Release the GIL only for a copy long enough to be worth it (a learner's batch, not a
+     * simulator's few states): a thread that dropped the GIL must win it back, and a busy
+     * thread keeps it for up to the switch interval (5 ms), far longer than a short copy. */
+    if (B * K * n >= GIL_RELEASE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
+        Py_END_ALLOW_THREADS
+    } else {
+        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
+    }
     Py_INCREF(Py_None);
     result = Py_None;
 

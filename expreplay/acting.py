@@ -437,6 +437,9 @@ class ActingGroup:
             if isinstance(eps, np.ndarray):
                 eps = np.repeat(eps, [self.runners[k].num_envs for k in members])
         actions, greedy = self._draw(lanes, eps)
+        if len(greedy) and self.predictor is None:
+            raise PredictorError(f"runners {[r.index for r in self.runners]} have predictor=None, "
+                                 f"which needs exploration 1; got {exploration!r}")
         self._pending = (members, lanes, actions, greedy)
         return self._history.states(lanes[greedy])
 
@@ -479,7 +482,11 @@ class ActingGroup:
         self._pending = None
         if len(greedy):
             q = check_q_values(as_q_values(q_values), len(greedy), self.num_actions)
-            actions[greedy] = q.argmax(axis=1)
+            if _acting_ext is not None and q.dtype.kind == 'f' and q.itemsize in (4, 8) \
+                    and q.flags.c_contiguous:
+                _acting_ext.greedy_actions(q, greedy, actions)
+            else:
+                actions[greedy] = q.argmax(axis=1)
         if self.is_async:
             return self._send(lanes, actions)
         failures = []

@@ -36,17 +36,21 @@ class _Request:
 
 
 class _Activity:
-    """What a simulator thread is doing now, for the watchdog: ``what`` since ``since``."""
-    __slots__ = ('name', 'what', 'since')
+    """What a simulator thread is doing now, for the watchdog: ``what`` of ``group`` since
+    ``since`` (described only when the watchdog reports it: this is set twice per step)."""
+    __slots__ = ('name', 'what', 'group', 'since')
 
     def __init__(self, name):
-        self.name, self.what, self.since = name, None, None
+        self.name, self.what, self.group, self.since = name, None, None, None
 
-    def enter(self, what):
-        self.what, self.since = what, time.monotonic()
+    def enter(self, what, group):
+        self.what, self.group, self.since = what, group, time.monotonic()
 
     def leave(self):
         self.since = None
+
+    def describe(self):
+        return f"{self.what} of runner(s) {[r.index for r in self.group.runners]}"
 
 
 class _GroupSlot:
@@ -250,9 +254,11 @@ class EnvRunnerManager:
         exploration = check_probability(exploration, 'exploration')
         if self._inline is not None:
             return self._step_inline(exploration)
-        timeout = check_timeout(timeout, 'timeout', allow_none=True)
+        if timeout is not None:
+            timeout = check_timeout(timeout, 'timeout', allow_none=True)
         with self._lock:
-            self._wait(self._window_open, timeout)
+            if self._fault is not None or self._closed or not self._window_open():
+                self._wait(self._window_open, timeout)
             if not self._window_open():
                 raise TimeoutError(f"step() not accepted within {timeout} s: {self._pending} "
                                    f"requests pending (maximum_staleness={self.maximum_staleness})")
@@ -287,6 +293,8 @@ class EnvRunnerManager:
             if deadline is not None and now >= deadline:
                 return
             wait = self._watchdog(now)
+            if self._fault is not None:        # the watchdog just failed the manager
+                continue
             if deadline is not None:
                 wait = deadline - now if wait is None else min(wait, deadline - now)
             self._space.wait(wait)
@@ -297,7 +305,8 @@ class EnvRunnerManager:
         if math.isinf(self.call_timeout):
             return None
         soonest = None
-        calls = [(a.name, a.what, a.since) for a in self._activities]
+        calls = [(a.name, a.describe() if a.since is not None else None, a.since)
+                 for a in self._activities]
         calls += [(b.thread.name, 'the predictor', b.busy_since) for b in self._batchers.values()]
         for name, what, since in calls:
             if since is None:
@@ -415,8 +424,7 @@ class EnvRunnerManager:
         try:
             if self._closed:
                 raise ManagerClosed("closed")
-            activity.enter(f"a reset or receive of runner(s) "
-                           f"{[group.runners[k].index for k in members]}")
+            activity.enter("a reset or receive", group)
             try:
                 states = group.begin(explorations, members)
             finally:
@@ -446,7 +454,7 @@ class EnvRunnerManager:
                 except BaseException:
                     group.abort()
                     raise
-            activity.enter(f"an env step of runner(s) {[r.index for r in group.runners]}")
+            activity.enter("an env step", group)
             try:
                 failures = group.finish(q_values)
             finally:

@@ -7,6 +7,7 @@ Events and Conditions only; timeouts are hang guards.
 
 import threading
 import time
+import warnings
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay import ReplayMemory
-from expreplay.runner import (EnvError, EnvRunner, EnvRunnerManager,
+from expreplay.runner import (CallTimeout, EnvError, EnvRunner, EnvRunnerManager,
                               InferenceThread, ManagerClosed, PredictorError, RunnerError)
 from scripted_env import (OldApiScriptedEnv, ScriptedEnv, ScriptedEnvError, check_batch, decode,
                           encode)
@@ -963,3 +964,165 @@ def test_thread_context_is_entered_by_every_thread_the_manager_starts(threads, n
         for _ in range(30):
             mgr.step(0.0)
     assert entered == names
+
+
+# ----------------------------------------------------------------------------- hardening
+class WrongQ:
+    """A predictor returning ``make(n)`` for n states, and counting its calls."""
+
+    def __init__(self, make):
+        self.make, self.calls = make, 0
+
+    def __call__(self, states):
+        self.calls += 1
+        return self.make(len(states))
+
+
+@pytest.mark.parametrize('bad,match', [
+    (lambda n: np.zeros((n, 9)), r'shape \(\d+, 9\).*num_actions=3'),        # too many columns
+    (lambda n: np.zeros((n, 1)), r'shape \(\d+, 1\).*num_actions=3'),        # one column
+    (lambda n: np.full((n, 3), np.nan), 'non-finite'),                        # all NaN
+    (lambda n: np.full((n, 3), 'a'), 'dtype'),                                # strings
+    (lambda n: np.array([[object()] * 3] * n), 'dtype'),                      # objects
+    (lambda n: [np.zeros((n + 1, 3))], r'shape'),                             # wrong row count
+], ids=['9-columns', '1-column', 'nan', 'strings', 'objects', 'rows'])
+@pytest.mark.parametrize('n_runners', [1, 3], ids=['inline', 'threads'])
+def test_bad_q_values_are_a_predictor_error_and_no_action_reaches_an_env(bad, match, n_runners):
+    envs = {i: ScriptedEnv(i) for i in range(n_runners)}
+    mem = ReplayMemory(200, (6,), H)
+    pred = WrongQ(bad)
+    runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(n_runners)]
+    with pytest.raises(PredictorError, match=match):
+        with EnvRunnerManager(runners, 2) as mgr:
+            _step_until_raises(mgr)
+    assert pred.calls >= 1
+    # Exploration 0.5: only the random actions were taken, all in range.
+    assert all(a < 3 for e in envs.values() for (a, *_) in e.transitions.values())
+
+
+def test_predictor_may_return_the_q_array_or_tensorpack_s_list():
+    for wrap in (lambda q: q, lambda q: [q], lambda q: (q, 'extra output')):
+        env = ScriptedEnv(0)
+        inner = StepPredictor()
+        runner = EnvRunner(env, lambda s: wrap(inner(s)[0]), ReplayMemory(200, (6,), H), H)
+        for _ in range(50):
+            runner.step(0.0)
+        greedy_ok({0: env})
+        runner.close()
+
+
+class BadObsAt(ScriptedEnv):
+    """A scripted env whose ``bad_at``-th step returns an observation of the wrong shape."""
+
+    def __init__(self, env_id, bad_at, **kw):
+        super().__init__(env_id, **kw)
+        self.bad_at = bad_at
+
+    def step(self, action):
+        out = super().step(action)
+        if self.steps_taken == self.bad_at:
+            return (np.zeros(5, np.uint8),) + out[1:]
+        return out
+
+
+def test_a_rejected_observation_ends_the_episode_cleanly_and_the_runner_goes_on():
+    env = BadObsAt(0, bad_at=37, episode_lengths=1000)
+    mem = ReplayMemory(500, (6,), H)
+    runner = EnvRunner(env, StepPredictor(), mem, H, seed=0)
+    for _ in range(36):
+        runner.step(0.5)
+    with pytest.raises(EnvError, match='player observation') as info:
+        runner.step(0.5)
+    assert isinstance(info.value.__cause__, ValueError)
+    for _ in range(200):       # the next step resets the env and starts a new episode
+        runner.step(0.5)
+    assert env.resets == 2
+    # Every stored transition is exactly what the env did; the rejected step is not stored
+    # and nothing bootstraps across it.
+    assert mem.num_steps_written == env.steps_taken - 1
+    rng = np.random.default_rng(0)
+    assert sum(check_batch(mem.sample_batch(64, rng=rng), {0: env}, H) for _ in range(20)) == 1280
+
+
+def test_finished_game_records_are_bounded_when_never_read(monkeypatch):
+    import expreplay.acting
+    monkeypatch.setattr(expreplay.acting, 'MAX_KEPT_GAMES', 100)
+    runner = EnvRunner(ScriptedEnv(0, episode_lengths=1), None, ReplayMemory(200, (6,), H), H)
+    for _ in range(1000):      # 500 games of one step (a reset between each)
+        runner.step(1.0)
+    assert 50 <= len(runner.total_scores) <= 100 and 50 <= len(runner.pop_games()) <= 100
+    runner.close()
+
+
+@pytest.mark.parametrize('threads', MODES)
+def test_a_hung_env_step_is_a_call_timeout_from_step(threads):
+    gate = threading.Event()
+
+    def hook(env, action):
+        if env.env_id == 1 and env.steps_taken == 20:
+            assert gate.wait(GUARD)
+
+    envs = {i: ScriptedEnv(i, step_hook=hook) for i in range(3)}
+    mem = ReplayMemory(300, (6,), H)
+    runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(3)]
+    mgr = EnvRunnerManager(runners, 3, call_timeout=0.3, simulator_threads=threads_for(threads, runners))
+    start = None
+    try:
+        with pytest.raises(CallTimeout, match=r'SimulatorThread-\d.*an env step') as info:
+            for _ in range(10_000):
+                mgr.step(0.5)
+                if start is None and envs[1].steps_taken >= 20:
+                    start = time.monotonic()
+        assert start is not None and time.monotonic() - start < 0.3 + 2.0
+        assert 'call_timeout=0.3' in str(info.value)
+    finally:
+        gate.set()
+        mgr.close()
+
+
+def test_timeouts_accept_infinity_and_refuse_negative_or_nan():
+    mem = ReplayMemory(100, (6,), H)
+    runners = [EnvRunner(ScriptedEnv(i), None, mem, H, index=i) for i in range(2)]
+    with EnvRunnerManager(runners, 2, close_timeout=float('inf'), call_timeout=float('inf')) as mgr:
+        for _ in range(20):
+            mgr.step(1.0, timeout=float('inf'))
+        mgr.wait_idle(float('inf'))
+    for kw in ({'close_timeout': -1}, {'close_timeout': float('nan')}, {'call_timeout': -0.5},
+               {'call_timeout': 0}, {'max_restarts': -1}):
+        with pytest.raises((ValueError, TypeError), match=next(iter(kw))):
+            EnvRunnerManager(runners, 2, **kw)
+
+
+def test_a_second_close_waits_for_the_first():
+    gate = threading.Event()
+    envs = [ScriptedEnv(i, reset_gate=gate, hang_on_reset=2, episode_lengths=3) for i in range(2)]
+    mem = ReplayMemory(100, (6,), H)
+    runners = [EnvRunner(e, None, mem, H, index=i) for i, e in enumerate(envs)]
+    mgr = EnvRunnerManager(runners, 2)
+    deadline = time.monotonic() + GUARD
+    while not (envs[0].in_reset.is_set() or envs[1].in_reset.is_set()):   # until a reset hangs
+        assert time.monotonic() < deadline
+        try:
+            mgr.step(1.0, timeout=0.01)
+        except TimeoutError:
+            pass
+    order = []
+
+    def close(tag, timeout):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore', RuntimeWarning)
+            mgr.close(timeout=timeout)
+        order.append(tag)
+
+    first = threading.Thread(target=close, args=('first', 0.5))
+    first.start()
+    with mgr._lock:              # the first close has begun (it notifies when it marks closed)
+        assert mgr._space.wait_for(lambda: mgr._closed, GUARD)
+    second = threading.Thread(target=close, args=('second', GUARD))
+    second.start()
+    first.join(GUARD)
+    second.join(GUARD)
+    gate.set()
+    assert order == ['first', 'second']
+    for t in mgr._threads:
+        t.join(GUARD)
