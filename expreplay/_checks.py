@@ -30,6 +30,10 @@ def check_int(value, name, minimum=None, maximum=None, *, allow_float=False):
         out = int(value)
     else:
         raise TypeError(f"{name} must be an integer, got {value!r}")
+    return _in_range(out, value, name, minimum, maximum)
+
+
+def _in_range(out, value, name, minimum, maximum):
     if minimum is not None and out < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     if maximum is not None and out > maximum:
@@ -44,11 +48,7 @@ def check_real(value, name, minimum=None, maximum=None, *, finite=True):
     out = float(value)
     if math.isnan(out) or (finite and math.isinf(out)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if minimum is not None and out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    if maximum is not None and out > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
-    return out
+    return _in_range(out, value, name, minimum, maximum)
 
 
 def check_probability(value, name):

@@ -779,11 +779,16 @@ def check_reward(reward, name='reward'):
     return value
 
 
-def check_actions(actions, n, name='actions'):
-    """``actions`` as an int32 array of ``n`` integers."""
-    arr = np.asarray(actions)
+def _vector(values, n, name):
+    arr = np.asarray(values)
     if arr.shape != (n,):
         raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
+    return arr
+
+
+def check_actions(actions, n, name='actions'):
+    """``actions`` as an int32 array of ``n`` integers."""
+    arr = _vector(actions, n, name)
     if arr.dtype.kind not in 'iu':
         raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
     if n and (arr.min() < -2**31 or arr.max() >= 2**31):
@@ -793,9 +798,7 @@ def check_actions(actions, n, name='actions'):
 
 def check_rewards(rewards, n, name='rewards'):
     """``rewards`` as a float32 array of ``n`` finite numbers (that fit float32)."""
-    arr = np.asarray(rewards)
-    if arr.shape != (n,):
-        raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
+    arr = _vector(rewards, n, name)
     if arr.dtype.kind not in 'biuf':
         raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
     if arr.dtype.kind == 'f' and n and not (np.isfinite(arr).all() and np.abs(arr).max() <= _F32_MAX):
