@@ -352,7 +352,7 @@ class ActingGroup:
 
         for r in runners:
             if r._group is not None and r._group is not self:
-                r._group.release(r)
+                r._group.release(r)       # its episodes there end where they are
             r._group = self
             r.needs_reset = True
         n = self.num_lanes
@@ -375,6 +375,7 @@ class ActingGroup:
         self._finished = []                     # records of this step, emitted after it
         self._pending = None
         self._closed = False
+        self._released = set()                  # runners that moved to another group
         self.calls = 0                          # predictor calls made by step() (inline)
         self.rows = 0
         # Reused buffers of the single-env step (one row per member).
@@ -867,9 +868,13 @@ class ActingGroup:
 
     # ------------------------------------------------------------------ membership, close
     def release(self, runner):
-        """``runner`` moves to another group: its lanes here end where they are."""
+        """``runner`` moves to another group: its lanes here end where they are; a group
+        left with no runner of its own detaches from the memory."""
         k = self.runners.index(runner)
         self._close_lanes(self.runner_lanes[k])
+        self._released.add(k)
+        if len(self._released) == len(self.runners):
+            self.close()
 
     def close(self):
         """Detach from the memory (every lane's block is retired; the data stays). Idempotent."""

@@ -1126,3 +1126,21 @@ def test_a_second_close_waits_for_the_first():
     assert order == ['first', 'second']
     for t in mgr._threads:
         t.join(GUARD)
+
+
+def test_a_runner_stepped_alone_then_managed_starts_new_episodes_and_frees_its_old_lane():
+    envs = {i: ScriptedEnv(i, episode_lengths=1000) for i in range(2)}
+    mem = ReplayMemory(400, (6,), H, block_size=8)
+    runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(2)]
+    for _ in range(10):
+        runners[0].step(0.5)              # its own group, its own lane
+    active = lambda: int((mem._block_state == 1).sum())   # noqa: E731
+    assert active() == 1
+    with EnvRunnerManager(runners, 2) as mgr:
+        assert active() == 0              # the solo group let its block go
+        for _ in range(100):
+            mgr.step(0.5)
+        mgr.wait_idle(GUARD)
+    assert envs[0].resets == 2            # a new episode in the manager's group
+    assert_all_stored(envs, mem)
+    sample_and_check(mem, envs)
