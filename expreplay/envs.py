@@ -461,10 +461,13 @@ class AsyncVectorAdapter(_VectorBase):
 
     EnvPool with ``batch_size < num_envs`` (its C++ threads step the other sub-envs while the
     runner predicts for the ones ``recv`` returned), :class:`expreplay.ray.RayVectorEnv` (remote
-    actors), or anything with the same three methods. ``recv`` -> ``(obs, reward,
-    terminated, truncated, info)`` for the ready sub-envs, ``info['env_id']`` saying which;
+    actors), ale-py's ``AtariVectorEnv(batch_size < num_envs)`` (no ``async_reset``: its
+    ``reset`` returns the first ready batch; ``send(actions)`` goes to the last batch
+    received), or anything with the same methods. ``recv`` -> ``(obs, reward, terminated,
+    truncated, info)`` for the ready sub-envs, ``info['env_id']`` saying which;
     ``send(actions, env_id)``. Autoreset is NEXT_STEP (EnvPool's): a sub-env that ended reports
-    its next episode's first observation on its next ``recv``, its action ignored.
+    its next episode's first observation on its next ``recv``, its action ignored; a sub-env's
+    first report is its first observation.
 
     EnvPool is seeded when it is made (``envpool.make(..., seed=s)``); a ``seed`` given to
     :meth:`reset` can not reach it and is ignored with a warning.
@@ -482,18 +485,29 @@ class AsyncVectorAdapter(_VectorBase):
             self._send_takes_ids = True
 
     def reset(self, seed=None, options=None):
+        if options is not None:
+            raise TypeError(f"player {_describe(self.player)} is asynchronous: its resets take no "
+                            f"options (got {options!r})")
+        self._ended[:] = True     # every sub-env's first report is the start of an episode
+        if not callable(getattr(self.player, 'async_reset', None)):
+            obs, info = self.player.reset(seed=seed)      # ale-py: the first ready batch
+            n = len(obs)
+            self._first = (obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), info)
+            return None
         if seed is not None:
             warnings.warn(f"player {_describe(self.player)} is seeded when it is made (e.g. "
                           f"envpool.make(..., seed=...)); reset seed {seed!r} is ignored",
                           RuntimeWarning, stacklevel=3)
-        if options is not None:
-            raise TypeError(f"player {_describe(self.player)} is asynchronous: its resets take no "
-                            f"options (got {options!r})")
         self.player.async_reset()
-        self._ended[:] = True     # every sub-env's first report is the start of an episode
+
+    _first = None
 
     def recv(self):
-        obs, reward, terminated, truncated, info = self.player.recv()
+        if self._first is not None:
+            out, self._first = self._first, None
+        else:
+            out = self.player.recv()
+        obs, reward, terminated, truncated, info = out
         env_ids = np.asarray(info['env_id'], np.int64)
         return self._next_step_results(env_ids, obs, reward, terminated, truncated, info)
 
@@ -521,7 +535,7 @@ def _is_vector_env(player):
 
 
 def _is_async_engine(player):
-    if not all(callable(getattr(player, m, None)) for m in ('async_reset', 'recv', 'send')):
+    if not all(callable(getattr(player, m, None)) for m in ('recv', 'send')):
         return False
     flag = getattr(player, 'is_async', None)
     if flag is not None:

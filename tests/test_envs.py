@@ -129,14 +129,27 @@ def test_vector_env_lives_per_sub_env():
     assert ad.step(np.array([0, 0])).lives.tolist() == [2, 2]
 
 
-def test_atari_vector_env_partial_batches_are_refused():
+def test_atari_vector_env_partial_batches_run_asynchronously():
+    """AtariVectorEnv(batch_size < num_envs) is driven with its own send/recv: every step of
+    every sub-env is stored, truncations included, and the memory samples what was stored."""
     from ale_py.vector_env import AtariVectorEnv
-    venv = AtariVectorEnv('pong', num_envs=2, batch_size=1, stack_num=1, num_threads=1)
-    try:
-        with pytest.raises(ValueError, match='player'):
-            adapt_env(venv)
-    finally:
-        venv.close()
+    from expreplay import ReplayMemory
+    from expreplay.runner import EnvRunner
+    venv = AtariVectorEnv('pong', num_envs=4, batch_size=2, stack_num=1, num_threads=2,
+                          max_num_frames_per_episode=80)
+    assert isinstance(adapt_env(venv), AsyncVectorAdapter)
+    mem = ReplayMemory(2000, (84, 84), 4)
+    seen = []
+    runner = EnvRunner(venv, lambda s: (seen.append(len(s)), np.ones((len(s), 6)))[1], mem, 4, seed=0)
+    for _ in range(120):
+        runner.step(0.5)
+    assert max(seen) <= 2                              # one recv's sub-envs per call
+    assert runner.steps == mem.num_steps_written >= 200
+    assert len(runner.total_scores) >= 4               # 20-step games: truncated, autoreset
+    assert runner.start_counts()['autoreset'] >= 8
+    comb, action, reward, over = mem.sample_batch(64)
+    assert comb.shape == (64, 84, 84, 5) and not over.any()
+    runner.close()
 
 
 def test_frame_format_reshapes_and_refuses_lossy_casts():
