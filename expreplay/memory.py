@@ -53,9 +53,11 @@ import zipfile
 
 import numpy as np
 
+from ._checks import check_bool, check_choice, check_dtype, check_int, check_rng, check_shape
 from ._gather import gather_frames
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'as_frame']
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'as_frame', 'check_frames', 'check_rewards',
+           'check_actions', 'check_flags']
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
@@ -72,15 +74,6 @@ _FREE, _ACTIVE, _RETIRED = 0, 1, 2
 
 _CHECKPOINT_VERSION = 1
 _DEFAULT_TARGET_BLOCKS = 256
-
-
-def _positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 class ReplayMemory:
@@ -107,32 +100,25 @@ class ReplayMemory:
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
 
     def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None):
-        self.max_size = _positive_int(max_size, 'max_size')
-        self.history_len = _positive_int(history_len, 'history_len')
-        if isinstance(state_shape, numbers.Integral):
-            state_shape = (state_shape,)
-        try:
-            state_shape = tuple(int(d) for d in state_shape)
-        except TypeError:
-            raise TypeError(f"state_shape must be a tuple of ints, got {state_shape!r}") from None
-        if not 1 <= len(state_shape) <= 3 or min(state_shape) < 1:
-            raise ValueError(f"state_shape must have rank 1 to 3 and positive sizes, got {state_shape}")
-        self.state_shape = state_shape
-        try:
-            self.dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
-        if self.dtype.kind not in 'biuf':
-            raise TypeError(f"dtype must be a boolean, integer or float dtype, got {self.dtype}")
+        self.max_size = check_int(max_size, 'max_size', 1, allow_float=True)
+        self.history_len = check_int(history_len, 'history_len', 1, allow_float=True)
+        self.state_shape = check_shape(state_shape, 'state_shape')
+        self.dtype = check_dtype(dtype, 'dtype')
         if self.max_size < self.history_len + 1:
             raise ValueError(f"max_size ({self.max_size}) is too small for history_len "
                              f"({self.history_len}): it must be at least history_len + 1")
 
         if block_size is None:
             block_size = max(self.history_len, -(-self.max_size // _DEFAULT_TARGET_BLOCKS))
-        self.block_size = _positive_int(block_size, 'block_size')
+        self.block_size = check_int(block_size, 'block_size', 1, allow_float=True)
         if self.block_size < self.history_len:  # I4
             raise ValueError(f"block_size ({self.block_size}) must be >= history_len ({self.history_len})")
+        if self.block_size > self.max_size:
+            # Refused rather than clamped: the ring holds at least two blocks, so such a
+            # block_size would silently multiply the memory (100 steps asked, 2 blocks built).
+            raise ValueError(f"block_size ({self.block_size}) must be <= max_size ({self.max_size}): "
+                             "the memory holds at least two blocks, so a larger block would "
+                             "allocate far more than max_size slots")
         self.num_blocks = max(2, -(-self.max_size // self.block_size))
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots
@@ -182,6 +168,7 @@ class ReplayMemory:
         # Check everything before writing anything, so that a bad step changes nothing.
         w._check_obs(state, 'exp.state')
         action, reward = w._check_action(action), w._check_reward(reward)
+        is_over = check_bool(is_over, 'exp.isOver')
         if self._legacy_pending is None:
             w.start_episode(state)
         else:
@@ -278,10 +265,9 @@ class ReplayMemory:
         Raises:
             ValueError: fewer than ``batch_size`` valid transitions are stored.
         """
-        batch_size = _positive_int(batch_size, 'batch_size')
-        if layout not in ('NHWC', 'NCHW'):
-            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
-        rng = self._rng if rng is None else rng
+        batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        rng = self._rng if rng is None else check_rng(rng, 'rng')
         with self._lock:
             if self._num_valid < batch_size:
                 raise ValueError(
@@ -514,6 +500,8 @@ class LaneWriter:
         action = self._check_action(action)
         reward = self._check_reward(reward)
         frame = self._check_obs(next_obs, 'next_obs')
+        terminated = check_bool(terminated, 'terminated')
+        truncated = check_bool(truncated, 'truncated')
         cur = self._cur_slot
         flags = _HAS_ACTION | (_TERMINATED if terminated else 0) | (_TRUNCATED if truncated else 0)
         next_slot = self._write_frame(frame, epstep=self._cur_epstep + 1,
@@ -576,47 +564,171 @@ class LaneWriter:
         return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
 
     @staticmethod
-    def _check_action(action):
+    def _check_action(action, name='action'):
+        """One action as an int (the rule of :func:`check_actions`, for one value)."""
         if isinstance(action, np.ndarray) and action.ndim == 0:
             action = action[()]
         if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
-            raise TypeError(f"action must be an integer, got {action!r} ({type(action).__name__})")
-        if not -2**31 <= int(action) < 2**31:
-            raise ValueError(f"action {action} does not fit int32")
+            raise TypeError(f"{name} must be an integer, got {action!r} ({type(action).__name__})")
+        if not _INT32_MIN <= int(action) <= _INT32_MAX:
+            raise ValueError(f"{name} {action} does not fit int32")
         return int(action)
 
     @staticmethod
-    def _check_reward(reward):
-        try:
-            value = float(reward)
-        except (TypeError, ValueError):
-            raise TypeError(f"reward must be a real number, got {reward!r}") from None
-        if not math.isfinite(value):
-            raise ValueError(f"reward must be finite, got {value}")
+    def _check_reward(reward, name='reward'):
+        """One reward as a float that float32 holds (the rule of :func:`check_rewards`)."""
+        if isinstance(reward, np.ndarray) and reward.ndim == 0:
+            reward = reward[()]
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {reward!r} ({type(reward).__name__})")
+        value = float(reward)
+        if not -_FLOAT32_MAX <= value <= _FLOAT32_MAX:   # NaN fails both comparisons
+            raise ValueError(_reward_error(name, value))
         return value
+
+
+# The rules of what may enter the memory. Each has a one-value form (used per step by the
+# writers) and a vectorized form (for batch writers); both raise the same errors.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+
+
+def _reward_error(name, value):
+    return (f"{name} must be finite and at most {_FLOAT32_MAX:.4g} in magnitude (rewards are "
+            f"stored as float32), got {value!r}")
+
+
+def check_rewards(rewards, name='rewards'):
+    """``rewards`` (any shape) as float32, refusing non-numbers, NaN, inf and values beyond
+    float32's range (which it would store as inf)."""
+    arr = np.asarray(rewards)
+    if arr.dtype.kind not in 'iuf':
+        raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if arr.dtype.kind == 'f':
+        with np.errstate(invalid='ignore'):
+            bad = ~(np.abs(arr) <= _FLOAT32_MAX)
+        if bad.any():
+            index = np.unravel_index(int(np.argmax(bad)), arr.shape)
+            raise ValueError(_reward_error(f"{name}[{', '.join(map(str, index))}]",
+                                           float(arr[index])))
+    return arr.astype(np.float32)
+
+
+def check_actions(actions, name='actions'):
+    """``actions`` (any shape) as int32, refusing non-integer dtypes and values beyond int32."""
+    arr = np.asarray(actions)
+    if arr.dtype.kind not in 'iu':
+        raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
+        raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not fit int32")
+    return arr.astype(np.int32)
+
+
+def check_flags(flags, name):
+    """``flags`` (e.g. ``terminated`` of a batch) as a bool array; other dtypes are refused
+    (as :func:`~expreplay._checks.check_bool` refuses 'no', 1.0 or NaN for one value)."""
+    arr = np.asarray(flags)
+    if arr.dtype != np.bool_:
+        raise TypeError(f"{name} must be bools, got dtype {arr.dtype}")
+    return arr
+
+
+def _unstorable(arr, dtype):
+    """Why ``arr`` can not be stored as ``dtype`` exactly: None, or (flat index or None, reason).
+
+    Integers must fit (no wrap-around), bools hold 0 and 1 only, a float memory takes finite
+    values within its range and integers it represents exactly (float32 rounds 2**40 + 1);
+    float to int is lossy by kind. Rounding float64 fractions into float32 is accepted: it is
+    what a float32 memory is for.
+    """
+    src = arr.dtype
+    if src.kind not in 'biuf':
+        return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
+    if dtype.kind in 'iu':
+        if src.kind == 'f':
+            return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
+        if src.kind in 'iu' and arr.size and src != dtype:
+            info = np.iinfo(dtype)
+            bad = (arr < info.min) | (arr > info.max)
+            if bad.any():
+                return int(np.argmax(bad)), (f"has values in [{arr.min()}, {arr.max()}] that do "
+                                             f"not fit the memory dtype {dtype}")
+        return None
+    if dtype.kind == 'b':
+        if src.kind == 'f':
+            return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
+        if src.kind in 'iu':
+            bad = (arr != 0) & (arr != 1)
+            if bad.any():
+                k = int(np.argmax(bad))
+                return k, f"holds {arr.flat[k]}: a bool memory takes 0 and 1 only"
+        return None
+    # A float memory.
+    info = np.finfo(dtype)
+    if src.kind == 'f':
+        if src == dtype and np.isfinite(arr).all():
+            return None
+        with np.errstate(invalid='ignore', over='ignore'):
+            bad = ~(np.abs(arr) <= info.max)
+        if bad.any():
+            k = int(np.argmax(bad))
+            v = float(arr.flat[k])
+            what = ('a NaN' if math.isnan(v) else 'an inf' if math.isinf(v)
+                    else f"{v:g}, beyond the range of {dtype}")
+            return k, f"holds {what}, which can not be stored as {dtype}: frames must be finite"
+        return None
+    if src.kind in 'iu' and src.itemsize * 8 > info.nmant + 1:
+        # Exact iff the odd part of |v| has at most nmant + 1 bits (int64 fits float32's range).
+        limit = 2 ** (info.nmant + 1)
+        big = (arr > limit) | (arr < -limit)
+        if big.any():
+            v = arr[big]
+            u = v.astype(np.uint64) if src.kind == 'u' else \
+                np.where(v < 0, -v.astype(np.int64), v.astype(np.int64)).view(np.uint64)
+            odd = u // (u & (~u + np.uint64(1)))
+            inexact = odd >= np.uint64(limit)
+            if inexact.any():
+                k = int(np.flatnonzero(big.reshape(-1))[int(np.argmax(inexact))])
+                return k, (f"holds the integer {arr.flat[k]}, which {dtype} can not represent "
+                           "exactly (use a wider float dtype or an integer memory)")
+    return None
 
 
 def as_frame(obs, state_shape, dtype, name):
     """``obs`` as an array of ``state_shape`` that can be stored as ``dtype`` without loss.
 
-    Raises ValueError (wrong shape, integer values out of range) or TypeError (a lossy dtype,
-    e.g. float to int), naming ``name``. Shared by the writers and the runners' frame format,
-    so one rule decides what may enter the memory.
+    Raises ValueError (wrong shape, values out of range: integer overflow, NaN or inf or
+    beyond the range of a float memory, integers a float dtype would round) or TypeError (a
+    lossy dtype, e.g. float to int), naming ``name``. Shared by the writers and the runners'
+    frame format, so one rule decides what may enter the memory (:func:`check_frames` is its
+    batch form).
     """
     arr = np.asarray(obs)
     if arr.shape != state_shape:
         raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {state_shape}")
-    if arr.dtype != dtype:
-        src = arr.dtype
-        if dtype.kind in 'iub' and src.kind in 'iub':
-            # Integer to integer: allowed when every value fits (no silent wrap-around).
-            info = np.iinfo(dtype) if dtype.kind != 'b' else None
-            if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
-                raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
-                                 f"fit the memory dtype {dtype}")
-        elif not np.can_cast(src, dtype, casting='same_kind'):
-            raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype} "
-                            "without losing data")
+    problem = _unstorable(arr, dtype)
+    if problem is not None:
+        raise (TypeError if problem[0] is None else ValueError)(f"{name} {problem[1]}")
+    return arr
+
+
+def check_frames(frames, state_shape, dtype, name):
+    """A batch of frames ``(n, *state_shape)`` that can be stored as ``dtype`` without loss.
+
+    The rule of :func:`as_frame` for many frames at once; an error names the first bad frame
+    (``name[i]``).
+    """
+    arr = np.asarray(frames)
+    if arr.shape[1:] != tuple(state_shape) or arr.ndim != len(state_shape) + 1:
+        raise ValueError(f"{name} has shape {arr.shape}, expected (n, *state_shape) with "
+                         f"state_shape {tuple(state_shape)}")
+    problem = _unstorable(arr, dtype)
+    if problem is not None:
+        index, reason = problem
+        if index is None:
+            raise TypeError(f"{name} {reason}")
+        frame_size = max(1, int(np.prod(state_shape)))
+        raise ValueError(f"{name}[{index // frame_size}] {reason}")
     return arr
 
 

@@ -232,7 +232,7 @@ def test_sampling_too_early_says_how_many():
 
 @pytest.mark.parametrize('kwargs,exc,match', [
     (dict(history_len=0), ValueError, 'history_len'),
-    (dict(history_len=2.5), TypeError, 'history_len'),
+    (dict(history_len=2.5), ValueError, 'history_len'),   # a fraction (1e6 is a size)
     (dict(max_size=4, history_len=4), ValueError, 'max_size'),
     (dict(state_shape=(1, 2, 3, 4)), ValueError, 'state_shape'),
     (dict(dtype='U3'), TypeError, 'dtype'),
