@@ -54,6 +54,7 @@ from tensorpack.dataflow.base import DataFlow, DataFlowTerminated  # noqa: E402
 from tensorpack.utils import logger  # noqa: E402
 from tensorpack.utils.utils import get_tqdm  # noqa: E402
 
+from ._checks import check_int  # noqa: E402
 from .stream import ReplayStream  # noqa: E402
 
 __all__ = ['ExpReplay']
@@ -151,14 +152,16 @@ class ExpReplay(DataFlow, Callback):
             predictor, self.predictor_io_names = predictor_io_names, None
         else:
             predictor, self.predictor_io_names = None, predictor_io_names
-            inputs, outputs = predictor_io_names   # fail here, not in the middle of setup
-            del inputs, outputs
-        if checkpoint_every_k_epochs is not None and checkpoint_dir is None:
-            raise ValueError("checkpoint_every_k_epochs needs a checkpoint_dir")
+            # Fail here, not in the middle of the trainer's setup.
+            if isinstance(predictor_io_names, (str, bytes)) or \
+                    not isinstance(predictor_io_names, (tuple, list)) or len(predictor_io_names) != 2:
+                raise ValueError("predictor_io_names must be (input names, output names), e.g. "
+                                 f"(['state'], ['Qvalue']), or a callable; got {predictor_io_names!r}")
         if checkpoint_every_k_epochs is not None:
-            checkpoint_every_k_epochs = int(checkpoint_every_k_epochs)
-            if checkpoint_every_k_epochs < 1:
-                raise ValueError(f"checkpoint_every_k_epochs must be >= 1, got {checkpoint_every_k_epochs}")
+            if checkpoint_dir is None:
+                raise ValueError("checkpoint_every_k_epochs needs a checkpoint_dir")
+            checkpoint_every_k_epochs = check_int(checkpoint_every_k_epochs,
+                                                  'checkpoint_every_k_epochs', 1, allow_float=True)
         self.checkpoint_every_k_epochs = checkpoint_every_k_epochs
         # At the end of training, waiting for a simulator thread to finish its env step or
         # predictor call is cheap, and a thread left running would call a closed Session.

@@ -438,3 +438,22 @@ def test_sets_the_variable_or_warns_about_a_conflicting_one(monkeypatch):
     monkeypatch.setenv('TF_USE_LEGACY_KERAS', '0')
     with pytest.warns(RuntimeWarning, match='Unset it or set it to 1'):
         _ensure_legacy_keras()
+
+
+# ------------------------------------------------------------------------------- arguments
+def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
+    """Whole-float sizes (DQN.py's 1e6) are accepted; other bad values are refused by name."""
+    factory = EnvFactory(episode_lengths=(50,))
+    replay = make_expreplay(factory, memory_size=1e4, init_memory_size=1e3, batch_size=16.0)
+    assert (replay.stream.memory_size, replay.stream.init_memory_size) == (10_000, 1000)
+    bad = [(dict(memory_size=float('inf')), ValueError, 'memory_size'),
+           (dict(batch_size=True), TypeError, 'batch_size'),
+           (dict(seed='abc'), TypeError, 'seed'),
+           (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=1.5), ValueError,
+            'checkpoint_every_k_epochs'),
+           (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=True), TypeError,
+            'checkpoint_every_k_epochs'),
+           (dict(predictor_io_names='state'), ValueError, 'predictor_io_names')]
+    for kwargs, error, match in bad:
+        with pytest.raises(error, match=match):
+            make_expreplay(factory, **kwargs)
