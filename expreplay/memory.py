@@ -44,20 +44,23 @@ can not be rewritten under a sample that is reading it.
 """
 
 import collections
-import io
+import logging
 import math
 import numbers
 import os
 import threading
-import zipfile
 
 import numpy as np
 
+from . import _checkpoint
+from ._checkpoint import CheckpointError
 from ._checks import check_bool, check_choice, check_dtype, check_int, check_rng, check_shape
 from ._gather import gather_frames
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'as_frame', 'check_frames', 'check_rewards',
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'CheckpointError', 'as_frame', 'check_frames', 'check_rewards',
            'check_actions', 'check_flags']
+
+logger = logging.getLogger(__name__)
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
@@ -72,7 +75,6 @@ _HAS_ACTION = 8   # an action was taken from this slot's frame
 # Block states (I1).
 _FREE, _ACTIVE, _RETIRED = 0, 1, 2
 
-_CHECKPOINT_VERSION = 1
 _DEFAULT_TARGET_BLOCKS = 256
 
 
@@ -370,86 +372,47 @@ class ReplayMemory:
             slot = nxt
 
     # ------------------------------------------------------------------ checkpoints
-    _SAVED_ARRAYS = ('_frames', '_action', '_reward', '_epstep', '_flags', '_block_fill',
-                     '_block_prev', '_block_next', '_block_prev_intact', '_block_state',
-                     '_block_gen')
-
     def save(self, path):
-        """Write a checkpoint of the whole memory to ``path`` (one ``.npz`` file).
+        """Write a checkpoint of the memory to ``path`` (one ``.npz`` file); returns its size
+        in bytes.
 
-        The file is written beside ``path`` and renamed over it only when complete, so a crash
-        or kill during ``save`` leaves the previous checkpoint intact. Arrays are streamed to
-        the file in chunks (no second copy of the frames in RAM). Writers and samplers wait
-        while it runs. Writers attached now are not part of the checkpoint: after
-        :meth:`load`, their partly filled blocks are retired and new writers start new lanes.
+        Only written slots are stored, so the file grows with the memory's fill, not its
+        capacity. The file is written beside ``path`` and renamed over it only when complete,
+        so a crash or kill during ``save`` leaves the previous checkpoint intact; such a
+        save's temporary file is removed by the next save or load of ``path``. Arrays are
+        streamed to the file block by block (no second copy of the frames in RAM). Writers
+        and samplers wait while it runs. Writers attached now are not part of the checkpoint:
+        after :meth:`load`, their partly filled blocks are retired and new writers start new
+        lanes. Each save is logged (logger ``expreplay.memory``, INFO): where, how big, how
+        long. See :mod:`expreplay._checkpoint` for the format.
         """
         path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         with self._lock:
-            # Active blocks are retired (newest last) in the checkpoint, as after a close().
-            active = np.flatnonzero(self._block_state == _ACTIVE)
-            meta = dict(
-                version=_CHECKPOINT_VERSION, max_size=self.max_size, state_shape=self.state_shape,
-                history_len=self.history_len, dtype=self.dtype.str, block_size=self.block_size,
-                num_valid=self._num_valid, num_steps_written=self._num_steps_written)
-            arrays = {name.lstrip('_'): getattr(self, name) for name in self._SAVED_ARRAYS}
-            arrays['free'] = np.array(self._free, np.int64)
-            arrays['retired'] = np.concatenate([np.array(self._retired, np.int64), active])
-            arrays['meta'] = np.frombuffer(repr(meta).encode(), np.uint8)
-            try:
-                with open(tmp, 'wb') as f:
-                    np.savez(f, **arrays)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-                raise
+            transitions = self._num_valid
+            size, seconds = _checkpoint.save(self, path)
+        logger.info("Saved the replay memory (%d transitions) to %s: %s in %.2f s.",
+                    transitions, path, _checkpoint.format_bytes(size), seconds)
+        return size
 
     @classmethod
     def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None):
-        """Load a memory saved by :meth:`save`, bit-identical.
+        """Load a memory saved by :meth:`save`: its written slots bit-identical, its
+        transitions sampled as before.
 
         Pass the configuration you expect (any of ``max_size``, ``state_shape``,
-        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused
-        with a ``ValueError`` that says what differs.
+        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused.
+
+        Raises:
+            CheckpointError: (a ``ValueError``) the file is empty, truncated, corrupt, crafted
+                (its tables break the memory's invariants) or of another configuration; the
+                message names the file and what is wrong.
+            FileNotFoundError: there is no file at ``path``.
         """
         path = os.fspath(path)
-        try:
-            archive = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, zipfile.BadZipFile) as err:
-            raise ValueError(f"{path!r} is not a readable ReplayMemory checkpoint: {err}") from err
-        with archive:
-            if 'meta' not in archive.files:
-                raise ValueError(f"{path!r} is not a ReplayMemory checkpoint (no metadata)")
-            import ast
-            meta = ast.literal_eval(bytes(archive['meta']).decode())
-            if meta.get('version') != _CHECKPOINT_VERSION:
-                raise ValueError(f"{path!r}: unsupported checkpoint version {meta.get('version')}")
-            expected = dict(max_size=max_size, history_len=history_len,
-                            state_shape=None if state_shape is None else tuple(state_shape),
-                            dtype=None if dtype is None else np.dtype(dtype).str)
-            wrong = [f"{k}: checkpoint has {meta[k]!r}, expected {v!r}"
-                     for k, v in expected.items() if v is not None and meta[k] != v]
-            if wrong:
-                raise ValueError(f"checkpoint {path!r} does not match this memory: " + "; ".join(wrong))
-            mem = cls(meta['max_size'], meta['state_shape'], meta['history_len'],
-                      meta['dtype'], block_size=meta['block_size'])
-            for name in cls._SAVED_ARRAYS:
-                saved = archive[name.lstrip('_')]
-                target = getattr(mem, name)
-                if saved.shape != target.shape or saved.dtype != target.dtype:
-                    raise ValueError(f"checkpoint {path!r} is corrupt: array {name.lstrip('_')} "
-                                     f"has shape {saved.shape} {saved.dtype}, expected "
-                                     f"{target.shape} {target.dtype}")
-                setattr(mem, name, saved)
-            mem._free = collections.deque(int(b) for b in archive['free'])
-            mem._retired = collections.deque(int(b) for b in archive['retired'])
-        mem._block_state[list(mem._retired)] = _RETIRED
-        mem._num_valid = int(meta['num_valid'])
-        mem._num_steps_written = int(meta['num_steps_written'])
-        return mem
+        expected = dict(max_size=max_size, history_len=history_len,
+                        state_shape=None if state_shape is None else tuple(state_shape),
+                        dtype=None if dtype is None else np.dtype(dtype).str)
+        return _checkpoint.load(cls, path, expected)
 
 
 class LaneWriter:

@@ -36,7 +36,6 @@ many batches behind the stream: the ratio holds, but the environments run up to
 import logging
 import os
 import threading
-import time
 
 import numpy as np
 
@@ -108,12 +107,10 @@ class MemoryCheckpoint:
         return memory
 
     def save(self, memory):
-        """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames)."""
+        """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames, and
+        logs where, how big, how long). Returns the file's size in bytes."""
         os.makedirs(self.directory, exist_ok=True)
-        start = time.monotonic()
-        memory.save(self.path)
-        logger.info("Saved the replay memory (%d transitions) to %s in %.1f s.",
-                    len(memory), self.path, time.monotonic() - start)
+        return memory.save(self.path)
 
 
 def _default_progress(total, desc):

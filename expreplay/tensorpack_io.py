@@ -12,6 +12,7 @@ imported*. Importing this module sets it when TensorFlow is not imported yet, an
 fix when TensorFlow was already imported without it.
 """
 
+import logging
 import numbers
 import os
 import sys
@@ -58,6 +59,27 @@ from ._checks import check_int  # noqa: E402
 from .stream import ReplayStream  # noqa: E402
 
 __all__ = ['ExpReplay']
+
+
+class _ToTensorpackLog(logging.Handler):
+    """Shows expreplay's own log records (checkpoint saves and loads, restarts) in tensorpack's
+    log, where a tensorpack user looks; not when the application set up logging itself (the
+    root logger has handlers), which then shows them as it chose."""
+
+    def emit(self, record):
+        if not logging.getLogger().handlers:
+            logging.getLogger('tensorpack').handle(record)
+
+
+def _show_expreplay_log_in_tensorpack():
+    package_logger = logging.getLogger('expreplay')
+    if not any(isinstance(h, _ToTensorpackLog) for h in package_logger.handlers):
+        package_logger.addHandler(_ToTensorpackLog())
+        if package_logger.level == logging.NOTSET:
+            package_logger.setLevel(logging.INFO)
+
+
+_show_expreplay_log_in_tensorpack()
 
 
 def _tensorpack_progress(total, desc):

@@ -231,8 +231,11 @@ def test_exploration_schedule_reaches_the_runners(tmp_path, stderr_clean):
     assert errors == [] and threads == []
 
 
-def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean):
+def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, monkeypatch):
     ckpt = tmp_path / 'replay'
+    # As in a script that did not set up logging (pytest puts its capture handlers on the root
+    # logger; with handlers there, expreplay leaves its records to them).
+    monkeypatch.setattr(logging.getLogger(), 'handlers', [])
     factory = EnvFactory()
     first = make_expreplay(factory, checkpoint_dir=str(ckpt), checkpoint_every_k_epochs=1,
                            init_memory_size=600)
@@ -240,6 +243,10 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean):
     probe = Probe(lambda cb: saved_in_epoch.append(MemoryCheckpoint(ckpt).exists()))
     train(tmp_path / 'run1', simple_config(first, TinyDQN((6,)), probe, max_epoch=2))
     assert saved_in_epoch == [True, True]         # saved every epoch, before the end too
+    # Each save is shown in tensorpack's log: where, how big, how long.
+    log = (tmp_path / 'run1' / 'log' / 'log.log').read_text()
+    saves = [line for line in log.splitlines() if 'Saved the replay memory' in line]
+    assert len(saves) >= 2 and all(str(ckpt) in line and 'KB in ' in line for line in saves), log
     saved = len(first.mem)
     assert saved >= 600 and first.stream.fill_steps > 0
 
