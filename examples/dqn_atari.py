@@ -36,7 +36,8 @@ import os
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
 
 from atari_wrappers import FRAME_SHAPE, make_env, make_vector_env  # noqa: E402
-from dqn_model import DQNModel, evaluate, play_episode, tf  # noqa: E402
+from dqn_model import (DQNModel, ProgressLog, evaluate, play_episode, tf,  # noqa: E402
+                       train_until_interrupted)
 from tensorpack import (AutoResumeTrainConfig, Callback, ModelSaver, ObjAttrParam,  # noqa: E402
                         OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
                         ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
@@ -176,6 +177,7 @@ def train(args, num_actions):
         manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None,
     )
     callbacks = [
+        ProgressLog(replay, every=30),   # a line every 30 s: the epoch's monitors are minutes away
         ModelSaver(),   # every epoch, into logdir; --resume and --load read it
         PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=True),
                         every_k_steps=args.target_update),
@@ -254,7 +256,11 @@ def main(argv=None):
     probe.close()
     logger.info(f"{args.env}: {num_actions} actions")
     if args.task == 'train':
-        train(args, num_actions)
+        _, interrupted = train_until_interrupted(train, args, num_actions)
+        if interrupted:
+            print(f"Interrupted: training stopped, environments closed; the model checkpoint and "
+                  f"the replay memory are in {args.logdir} (continue with --resume).")
+            raise SystemExit(130)
         return None
     predictor = offline_predictor(args, num_actions)
     if args.task == 'play':

@@ -33,7 +33,7 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is impor
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dqn_model import DQNModel, evaluate, tf  # noqa: E402  (sets up TF for tensorpack)
+from dqn_model import DQNModel, evaluate, tf, train_until_interrupted  # noqa: E402  (sets up TF)
 from tensorpack import (Callback, FeedInput, PeriodicTrigger, PredictConfig, OfflinePredictor,  # noqa: E402
                         RunOp, ScheduledHyperParamSetter, ObjAttrParam, SimpleTrainer,
                         SmartInit, TrainConfig, launch_train_with_config, logger)
@@ -201,7 +201,12 @@ def final_evaluation(args, checkpoint):
 def main(argv=None):
     args = parse_args(argv)
     if args.task == 'train':
-        checkpoint, env_steps = train(args)
+        result, interrupted = train_until_interrupted(train, args)
+        if interrupted:
+            print(f"Interrupted: training stopped, environments closed; the best weights so far "
+                  f"are in {args.logdir}/best-model (evaluate with --task eval --load).")
+            raise SystemExit(130)
+        checkpoint, env_steps = result
     else:
         if not args.load:
             raise SystemExit('--task eval needs --load')

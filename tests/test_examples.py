@@ -7,8 +7,10 @@ smoke runs: a few dozen training steps on a tiny memory, then eval and play from
 import csv
 import os
 import re
+import signal
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -67,6 +69,77 @@ def test_atari_train_eval_play_smoke(tmp_path):
 
 
 @pytest.mark.timeout(600)
+def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
+    """Ctrl-C in the middle of training: no traceback, no "nanobind: leaked ... ALEInterface",
+    one line saying where things are; the memory is saved (complete, no temp file left)."""
+    logdir = tmp_path / 'pong'
+    env = dict(os.environ, TF_USE_LEGACY_KERAS='1', PYTHONUNBUFFERED='1',
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
+    env.pop('TF_CPP_MIN_LOG_LEVEL', None)          # as a user runs it: the example quiets TF
+    with open(tmp_path / 'stderr', 'w+') as err:
+        proc = subprocess.Popen(
+            [sys.executable, os.path.join(EXAMPLES, 'dqn_atari.py'), *map(str, ATARI_SMOKE),
+             '--logdir', str(logdir), '--players', '2', '--max-epoch', '1000', '--eval-every', '0'],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+        out = []
+        try:
+            for line in proc.stdout:            # until the second epoch runs
+                out.append(line)
+                if 'Start Epoch 2' in line:
+                    break
+            assert proc.poll() is None, ''.join(out)
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        out = ''.join(out) + rest
+        err.seek(0)
+        stderr = err.read()
+    assert proc.returncode == 130, (out[-3000:], stderr[-3000:])
+    assert 'Traceback' not in out + stderr and 'leaked' not in stderr, stderr[-3000:]
+    assert f"Interrupted: training stopped, environments closed" in out, out[-2000:]
+    # TensorFlow's start-up noise is not shown.
+    assert 'cuda drivers' not in stderr and 'absl::InitializeLog' not in stderr, stderr[:3000]
+    assert 'freeze_variables' not in out, out[:5000]
+    files = os.listdir(logdir)
+    assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
+
+
+def test_progress_log_reports_agent_steps_games_and_epsilon():
+    """The Atari example's ProgressLog: a line every `every` seconds, nothing in between."""
+    import logging
+
+    from dqn_model import ProgressLog
+
+    clock = types.SimpleNamespace(now=100.0)
+    mem = types.SimpleNamespace(num_steps_written=1000)
+    stream = types.SimpleNamespace(stats=lambda: dict(games=3, mean_score=-20.3, max_score=-19.0))
+    replay = types.SimpleNamespace(mem=mem, stream=stream, exploration=0.95)
+    cb = ProgressLog(replay, every=30, clock=lambda: clock.now)
+    cb.trainer = types.SimpleNamespace(global_step=250, epoch_num=1)
+    cb._before_train()
+    cb._trigger_step()                 # the first training step: rates count from here
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tp_logger = logging.getLogger('tensorpack')     # tensorpack's logger does not propagate
+    tp_logger.addHandler(handler)
+    try:
+        clock.now, mem.num_steps_written = 129.0, 2000
+        cb._trigger_step()
+        assert not records
+        clock.now, mem.num_steps_written = 130.0, 3400
+        cb._trigger_step()
+    finally:
+        tp_logger.removeHandler(handler)
+    [line] = [r.getMessage() for r in records]
+    assert line == ("progress: 3400 agent steps (80/s), training step 250, epoch 1: 3 games "
+                    "finished this epoch, mean score -20.3 (max -19), epsilon 0.950")
+
+
+@pytest.mark.timeout(600)
 def test_atari_vector_env_and_resume_smoke(tmp_path):
     logdir = tmp_path / 'pong'
     common = [*ATARI_SMOKE, '--logdir', logdir, '--vector', 2, '--players', 1, '--eval-every', 0]
@@ -119,26 +192,58 @@ def test_evaluator_stacks_history_like_the_memory():
 
 
 # ------------------------------------------------------------------------------- tune_staleness
-def test_tune_staleness_tiny_sweep(tmp_path, capsys):
+def test_tune_staleness_tiny_sweep(tmp_path, capsys, monkeypatch):
+    """Output into --out-dir only; one player measured once (no queue: staleness can not
+    matter); the spread of the rounds in the CSV and on the plot; whole column headers; the
+    recommendation marked on the plot."""
     import tune_staleness
+    cwd = tmp_path / 'cwd'
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     out = tmp_path / 'sweep'
     rows, rec = tune_staleness.main(['--env', 'cheap', '--env-ms', '0.2', '--predictor', 'numpy',
-                                     '--players', '1', '3', '--staleness', '1', '4',
+                                     '--players', '1', '3', '--staleness', '1', '4', '--rounds', '2',
                                      '--train-ms', '1', '--seconds', '0.4', '--warmup', '0.1',
-                                     '--init-memory-size', '100', '--out', str(out)])
+                                     '--init-memory-size', '100', '--out-dir', str(out)])
     text = capsys.readouterr().out
+    assert os.listdir(cwd) == []
+    assert sorted(os.listdir(out)) == ['staleness.csv', 'staleness.png', 'staleness_rounds.csv']
     assert 'recommendation: num_parallel_players=' in text
-    with open(f'{out}.csv') as f:
+    assert '1 player is stepped inline (no queue): measured once' in text
+    header = next(line.split() for line in text.splitlines() if line.split()[:1] == ['round'])
+    for name in ('players', 'maximum_staleness', 'steps_per_sec', 'update_lag_mean',
+                 'request_lag_max', 'mean_inference_batch'):
+        assert name in header, header
+    with open(out / 'staleness.csv') as f:
         table = list(csv.DictReader(f))
-    assert [(int(r['players']), int(r['maximum_staleness'])) for r in table] == [(1, 1), (1, 4), (3, 1), (3, 4)]
+    assert [(r['players'], r['maximum_staleness']) for r in table] == [('1', 'any'), ('3', '1'), ('3', '4')]
+    with open(out / 'staleness_rounds.csv') as f:
+        rounds = list(csv.DictReader(f))
+    assert len(rounds) == 2 * 3 and sorted({r['round'] for r in rounds}) == ['0', '1']
     for r in table:
-        assert float(r['steps_per_sec']) > 0
-        # The manager's guarantee: a step starts with at most maximum_staleness - 1 newer requests queued.
-        assert int(r['request_lag_max']) <= int(r['maximum_staleness']) - 1
+        assert int(r['rounds']) == 2
+        assert 0 < float(r['steps_per_sec_min']) <= float(r['steps_per_sec']) <= float(r['steps_per_sec_max'])
+        mine = [float(x['steps_per_sec']) for x in rounds
+                if (x['players'], x['maximum_staleness']) == (r['players'], r['maximum_staleness'])]
+        assert min(mine) == pytest.approx(float(r['steps_per_sec_min']))
+        assert max(mine) == pytest.approx(float(r['steps_per_sec_max']))
+        if r['maximum_staleness'] != 'any':
+            # The manager's guarantee: a step starts with at most maximum_staleness - 1 newer requests queued.
+            assert int(r['request_lag_max']) <= int(r['maximum_staleness']) - 1
     assert (int(table[0]['request_lag_max']), int(table[0]['update_lag_max'])) == (0, 0)  # inline: no lag
-    png = open(f'{out}.png', 'rb').read()
+    png = open(out / 'staleness.png', 'rb').read()
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 20_000
-    assert (rec['players'], rec['maximum_staleness']) in {(1, 1), (1, 4), (3, 1), (3, 4)}
+    assert (rec['players'], rec['maximum_staleness']) in {(1, None), (3, 1), (3, 4)}
+    fig = tune_staleness.plot(rows, out / 'again.png', 'title', rec)
+    marks = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert len(marks) == 2 and all(m.startswith('recommended') for m in marks), marks
+    bars = [c for ax in fig.axes for c in ax.containers]
+    assert bars, "the spread of the rounds is drawn as error bars"
+
+
+def test_tune_staleness_writes_under_train_log_by_default():
+    import tune_staleness
+    assert tune_staleness.parse_args([]).out_dir == os.path.join('train_log', 'tune_staleness')
 
 
 def test_tune_staleness_help_explains_every_flag():
