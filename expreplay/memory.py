@@ -409,9 +409,13 @@ class ReplayMemory:
             FileNotFoundError: there is no file at ``path``.
         """
         path = os.fspath(path)
-        expected = dict(max_size=max_size, history_len=history_len,
-                        state_shape=None if state_shape is None else tuple(state_shape),
-                        dtype=None if dtype is None else np.dtype(dtype).str)
+        expected = dict(
+            max_size=None if max_size is None else check_int(max_size, 'max_size', 1,
+                                                             allow_float=True),
+            history_len=None if history_len is None else check_int(history_len, 'history_len', 1,
+                                                                   allow_float=True),
+            state_shape=None if state_shape is None else check_shape(state_shape, 'state_shape'),
+            dtype=None if dtype is None else check_dtype(dtype, 'dtype').str)
         return _checkpoint.load(cls, path, expected)
 
 

@@ -301,3 +301,13 @@ def test_active_writers_blocks_are_saved_retired_and_loaded_consistent(tmp_path)
     for _ in range(300):                       # wraps around: every old block is evicted
         w.add_step(0, 0.0, np.ones(FRAME_SHAPE, np.uint8))
     assert len(loaded) > 0
+
+
+def test_load_checks_the_expected_configuration_like_the_constructor(tmp_path):
+    mem = filled()
+    mem.save(tmp_path / 'mem.npz')
+    with pytest.raises(TypeError, match='state_shape'):
+        ReplayMemory.load(tmp_path / 'mem.npz', state_shape='44')
+    with pytest.raises(ValueError, match='history_len'):
+        ReplayMemory.load(tmp_path / 'mem.npz', history_len=4.5)
+    assert len(ReplayMemory.load(tmp_path / 'mem.npz', max_size=120.0, state_shape=[4, 4])) == len(mem)
