@@ -17,16 +17,21 @@ Hyperparameters follow tensorpack's example (Nature DQN): a memory of 1M frames 
 network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agent steps and
 -> 0.01 by 40M, Adam (or tensorpack's RMSProp), Huber loss, rewards clipped to [-1, 1].
 
-Progress: tqdm bars for the memory fill and each epoch; every epoch the monitors print (and
-write to TensorBoard events and ``stats.json`` in the log directory) the training game scores
-(``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
-predicted Q; every ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``.
-``tensorboard --logdir train_log`` shows the curves.
+Progress: tqdm bars for the memory fill and each epoch; every 30 s a ``progress:`` line (agent
+steps and their rate, games finished this epoch and their mean score, epsilon), the first about
+a minute after the start; every epoch the monitors print (and write to TensorBoard events and
+``stats.json`` in the log directory) the training game scores (``expreplay/mean_score``: whole
+games, all lives), env steps per second, the loss and the mean predicted Q; every
+``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``. ``tensorboard --logdir
+train_log`` shows the curves. Ctrl-C stops the training cleanly (the environments are closed,
+the replay memory is saved) and says what is saved where.
 
-Speed: a training step (batch 64; Double DQN runs the Nature CNN forward three times and
-backward once) takes ~0.35 s on a 2-core CPU: ~3 training steps/s, ~12 agent steps/s. Pong
-needs a few million agent steps: days on such a CPU, hours on a GPU. The replay machinery is
-not the bottleneck here (``tune_staleness.py`` measures it alone).
+Speed, measured with the README's quick-start command (3 players, ``--memory-size 200000``):
+on the 2-core CPU machines this was developed on, the 10k-step initial fill takes 10-15 s and
+training makes 4.4-5.5 training steps/s (batch 64; Double DQN runs the Nature CNN forward three
+times and backward once), 14-24 agent steps/s; a new user's faster machine made 87 agent
+steps/s. Pong needs a few million agent steps: days on such a CPU, hours on a GPU. The replay
+machinery is not the bottleneck here (``tune_staleness.py`` measures it alone).
 """
 
 import argparse
@@ -258,8 +263,13 @@ def main(argv=None):
     if args.task == 'train':
         _, interrupted = train_until_interrupted(train, args, num_actions)
         if interrupted:
-            print(f"Interrupted: training stopped, environments closed; the model checkpoint and "
-                  f"the replay memory are in {args.logdir} (continue with --resume).")
+            saved = [what for what, name in (('the model checkpoint', 'checkpoint'),
+                                             ('the replay memory', 'replay_memory.npz'))
+                     if os.path.exists(os.path.join(args.logdir, name))]
+            where = (f"{' and '.join(saved)} in {args.logdir}" if saved else
+                     "nothing saved yet (the model is saved at the end of each epoch)")
+            resume = ' (continue with --resume)' if 'the model checkpoint' in saved else ''
+            print(f"Interrupted: training stopped, environments closed; {where}{resume}.")
             raise SystemExit(130)
         return None
     predictor = offline_predictor(args, num_actions)

@@ -203,8 +203,11 @@ def main(argv=None):
     if args.task == 'train':
         result, interrupted = train_until_interrupted(train, args)
         if interrupted:
-            print(f"Interrupted: training stopped, environments closed; the best weights so far "
-                  f"are in {args.logdir}/best-model (evaluate with --task eval --load).")
+            best = os.path.join(args.logdir, 'best-model')
+            kept = (f"the best weights so far are in {best} (evaluate them with --task eval "
+                    f"--load {best})" if os.path.exists(best + '.index') else
+                    "no weights kept yet (the first evaluation had not run)")
+            print(f"Interrupted: training stopped, environments closed; {kept}.")
             raise SystemExit(130)
         checkpoint, env_steps = result
     else:

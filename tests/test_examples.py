@@ -68,24 +68,20 @@ def test_atari_train_eval_play_smoke(tmp_path):
     assert video.stat().st_size > 1000, out
 
 
-@pytest.mark.timeout(600)
-def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
-    """Ctrl-C in the middle of training: no traceback, no "nanobind: leaked ... ALEInterface",
-    one line saying where things are; the memory is saved (complete, no temp file left)."""
-    logdir = tmp_path / 'pong'
+def interrupt_example(tmp_path, script, args, marker, times=1):
+    """Run an example as a user does, press Ctrl-C (SIGINT) once ``marker`` was printed
+    ``times`` times; returns (exit code, stdout, stderr)."""
     env = dict(os.environ, TF_USE_LEGACY_KERAS='1', PYTHONUNBUFFERED='1',
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
     env.pop('TF_CPP_MIN_LOG_LEVEL', None)          # as a user runs it: the example quiets TF
     with open(tmp_path / 'stderr', 'w+') as err:
-        proc = subprocess.Popen(
-            [sys.executable, os.path.join(EXAMPLES, 'dqn_atari.py'), *map(str, ATARI_SMOKE),
-             '--logdir', str(logdir), '--players', '2', '--max-epoch', '1000', '--eval-every', '0'],
-            stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+        proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, script), *map(str, args)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
         out = []
         try:
-            for line in proc.stdout:            # until the second epoch runs
+            for line in proc.stdout:
                 out.append(line)
-                if 'Start Epoch 2' in line:
+                if sum(marker in seen for seen in out) == times:
                     break
             assert proc.poll() is None, ''.join(out)
             proc.send_signal(signal.SIGINT)
@@ -94,17 +90,42 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        out = ''.join(out) + rest
         err.seek(0)
-        stderr = err.read()
-    assert proc.returncode == 130, (out[-3000:], stderr[-3000:])
-    assert 'Traceback' not in out + stderr and 'leaked' not in stderr, stderr[-3000:]
-    assert f"Interrupted: training stopped, environments closed" in out, out[-2000:]
+        return proc.returncode, ''.join(out) + rest, err.read()
+
+
+def assert_stopped_cleanly(code, out, err):
+    assert code == 130, (out[-3000:], err[-3000:])
+    assert 'Traceback' not in out + err and 'leaked' not in err, err[-3000:]
+    [line] = [line for line in out.splitlines() if line.startswith('Interrupted:')]
+    assert 'training stopped, environments closed' in line
     # TensorFlow's start-up noise is not shown.
-    assert 'cuda drivers' not in stderr and 'absl::InitializeLog' not in stderr, stderr[:3000]
+    assert 'cuda drivers' not in err and 'absl::InitializeLog' not in err, err[:3000]
     assert 'freeze_variables' not in out, out[:5000]
+    return line
+
+
+@pytest.mark.timeout(600)
+def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
+    """Ctrl-C in the middle of training: no traceback, no "nanobind: leaked ... ALEInterface",
+    one line saying what is saved where; the memory is saved (complete, no temp file left)."""
+    logdir = tmp_path / 'pong'
+    line = assert_stopped_cleanly(*interrupt_example(
+        tmp_path, 'dqn_atari.py', [*ATARI_SMOKE, '--logdir', logdir, '--players', 2,
+                                   '--max-epoch', 1000, '--eval-every', 0], 'Start Epoch 2'))
+    assert f'the model checkpoint and the replay memory in {logdir}' in line, line
+    assert 'continue with --resume' in line
     files = os.listdir(logdir)
     assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
+
+
+@pytest.mark.timeout(600)
+def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
+    logdir = tmp_path / 'cartpole'
+    line = assert_stopped_cleanly(*interrupt_example(
+        tmp_path, 'dqn_cartpole.py', ['--logdir', logdir, '--eval-every', 500, '--eval-episodes', 2],
+        'greedy mean score', times=2))      # the first evaluation has saved its weights by then
+    assert f'the best weights so far are in {logdir}' in line, line
 
 
 def test_progress_log_reports_agent_steps_games_and_epsilon():
