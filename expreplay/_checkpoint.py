@@ -10,9 +10,11 @@ configuration and its counters. Every other entry is a *table* listed in :data:`
   block in block order, block ``b`` contributing its first ``block_fill[b]`` rows. A 15%-full
   memory writes 15% of its frames.
 
-To add a table: add it to :data:`TABLES` (and, if it has rules of its own, to
-:func:`validate`), and bump :data:`VERSION`; files of an older version name the tables they
-lack in :data:`MISSING_IN_OLD_VERSIONS` with what a loaded memory should fill in.
+To add a table (e.g. per-slot priorities): give ``ReplayMemory`` the array, add it to
+:data:`TABLES` (a ``slot`` table's first axis is the slot), add its rules to :func:`validate`
+if it has any, and bump :data:`VERSION`. To keep reading files of the previous version, list
+the tables they lack in :data:`MISSING_IN_OLD_VERSIONS`: a memory loaded from such a file
+keeps those tables as its constructor made them. ``tests/test_checkpoint.py`` shows it.
 
 Writing goes to a temporary file beside the target, locked while it is written, which is
 renamed over the target only when complete (a killed save leaves the previous checkpoint). The
@@ -65,7 +67,7 @@ TABLES = {
     'epstep': ('_epstep', 'slot'),
     'flags': ('_flags', 'slot'),
 }
-# version -> tables such a file does not have (a newer version's additions).
+# Older versions still read -> the tables their files do not have (later additions).
 MISSING_IN_OLD_VERSIONS = {}
 
 _META_MAX_BYTES = 1 << 16

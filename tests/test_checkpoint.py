@@ -311,3 +311,34 @@ def test_load_checks_the_expected_configuration_like_the_constructor(tmp_path):
     with pytest.raises(ValueError, match='history_len'):
         ReplayMemory.load(tmp_path / 'mem.npz', history_len=4.5)
     assert len(ReplayMemory.load(tmp_path / 'mem.npz', max_size=120.0, state_shape=[4, 4])) == len(mem)
+
+
+def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, monkeypatch):
+    """How a later version adds a per-slot table (e.g. priorities): an entry in TABLES and a
+    version bump; files of the previous version load, the new table at its initial value."""
+    from expreplay import _checkpoint
+
+    class PrioritizedMemory(ReplayMemory):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._priority = np.ones(self.num_slots, np.float32)
+
+    rng = np.random.default_rng(0)
+    old = PrioritizedMemory(120, FRAME_SHAPE, 4, block_size=8)
+    for w in write_random_stream(old, 3, 200, rng, StreamModel())[0]:
+        w.close()
+    old.save(tmp_path / 'v2.npz')                       # written by today's format
+
+    monkeypatch.setattr(_checkpoint, 'VERSION', _checkpoint.VERSION + 1)
+    monkeypatch.setitem(_checkpoint.TABLES, 'priority', ('_priority', 'slot'))
+    monkeypatch.setattr(_checkpoint, 'MISSING_IN_OLD_VERSIONS', {_checkpoint.VERSION - 1: ('priority',)})
+    mem = PrioritizedMemory.load(tmp_path / 'v2.npz')
+    assert_same_memory(mem, old)
+    assert (mem._priority == 1).all()
+    written = np.flatnonzero(mem._flags & 1)
+    mem._priority[written] = np.arange(len(written), dtype=np.float32)
+    mem.save(tmp_path / 'v3.npz')
+    again = PrioritizedMemory.load(tmp_path / 'v3.npz')
+    np.testing.assert_array_equal(again._priority[written], np.arange(len(written)))
+    with np.load(tmp_path / 'v3.npz') as archive:
+        assert archive['priority'].shape == (int(mem._block_fill.sum()),)   # written slots only
