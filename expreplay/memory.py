@@ -57,8 +57,8 @@ from ._checkpoint import CheckpointError
 from ._checks import check_bool, check_choice, check_dtype, check_int, check_rng, check_shape
 from ._gather import gather_frames
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'CheckpointError', 'as_frame', 'check_frames', 'check_rewards',
-           'check_actions', 'check_flags']
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'CheckpointError', 'as_frame',
+           'check_frames', 'check_rewards', 'check_actions', 'check_flags']
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +87,14 @@ class ReplayMemory:
             (``(84, 84)`` for Atari, ``(4,)`` for CartPole).
         history_len (int): frames stacked into one state (4 for Atari DQN).
         dtype: numpy dtype of the frames (``'uint8'`` for images).
-        block_size (int, optional): slots per block (see the module docstring). At most
-            ``num_blocks - 1`` writers can be active at once; the default gives about 256
-            blocks. Larger blocks mean fewer, coarser evictions.
+        block_size (int, optional): slots per block (see the module docstring), from
+            ``history_len`` to ``max_size`` (a larger one is refused: the memory holds at
+            least two blocks, so it would multiply the memory). At most ``num_blocks - 1``
+            writers can be active at once; the default gives about 256 blocks. Larger blocks
+            mean fewer, coarser evictions.
+
+    Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
+    refused (see :func:`as_frame` and :func:`check_rewards`).
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
