@@ -13,13 +13,15 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
 
 import expreplay
 from expreplay import CheckpointError, ReplayMemory
-from test_memory import FRAME_SHAPE, StreamModel, assert_same_tables, write_random_stream
+from test_memory import (FRAME_SHAPE, StreamModel, action_of, all_valid_transitions,
+                         assert_same_tables, decode, encode, reward_of, write_random_stream)
 
 
 def filled(max_size=120, steps=200, seed=0, block_size=8, close=True):
@@ -342,3 +344,64 @@ def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, mo
     np.testing.assert_array_equal(again._priority[written], np.arange(len(written)))
     with np.load(tmp_path / 'v3.npz') as archive:
         assert archive['priority'].shape == (int(mem._block_fill.sum()),)   # written slots only
+
+
+def test_saves_taken_while_writers_run_hold_exactly_the_written_transitions(tmp_path):
+    """Four writer threads and a sampler run while checkpoints are taken; each checkpoint
+    loads (every table consistent) and every transition in it is a step that was written:
+    consecutive frames of one episode, its action and reward, its next frame."""
+    mem = ReplayMemory(400, FRAME_SHAPE, 3, block_size=8)
+    stop = threading.Event()
+    errors = []
+
+    def write(lane):
+        try:
+            w = mem.new_writer()
+            rng = np.random.default_rng(lane)
+            for ep in range(10**9):
+                length = int(rng.integers(1, 30))
+                w.start_episode(encode(lane, ep, 0))
+                for t in range(length):
+                    if stop.is_set():
+                        return
+                    w.add_step(action_of(lane, ep, t), reward_of(lane, ep, t), encode(lane, ep, t + 1),
+                               terminated=t + 1 == length)
+        except BaseException as err:      # reaches the test below
+            errors.append(err)
+
+    def sample():
+        rng = np.random.default_rng(99)
+        try:
+            while not stop.is_set():
+                if len(mem) >= 16:
+                    mem.sample_batch(16, rng=rng)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(lane,)) for lane in range(4)]
+    threads.append(threading.Thread(target=sample))
+    for t in threads:
+        t.start()
+    checked = 0
+    try:
+        for k in range(8):
+            while mem.num_steps_written < 300 * (k + 1) and not errors:
+                threading.Event().wait(0.001)
+            mem.save(tmp_path / 'mem.npz')
+            loaded = ReplayMemory.load(tmp_path / 'mem.npz')
+            slots, frames, actions, rewards, is_over = all_valid_transitions(loaded)
+            assert len(slots) == len(loaded) > 0
+            for f, a, r, over in zip(frames, actions, rewards, is_over):
+                ids = [decode(x) for x in f]
+                lane, ep, t = ids[-2]
+                assert ids[-1] == (lane, ep, t + 1)
+                for back, got in enumerate(reversed(ids[:-1])):
+                    assert got == ((lane, ep, t - back) if t - back >= 0 else None)
+                assert (a, r) == (action_of(lane, ep, t), np.float32(reward_of(lane, ep, t)))
+                checked += 1
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert checked > 1000
