@@ -286,7 +286,7 @@ class ReplayStream:
         self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         self.state_shape = check_shape(state_shape, 'state_shape')
         self.state_dtype = check_dtype(state_dtype, 'state_dtype')
-        self.exploration = check_probability(exploration, 'exploration')
+        self.exploration = exploration           # checked by the property
         self.seed = check_seed(seed, 'seed')
         if not (progress is None or isinstance(progress, bool) or callable(progress)):
             raise TypeError(f"progress must be True, False or a callable progress(total, desc), "
@@ -323,6 +323,15 @@ class ReplayStream:
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
+
+    @property
+    def exploration(self):
+        """Epsilon of the runners; assign it to change it (the next step request carries it)."""
+        return self._exploration
+
+    @exploration.setter
+    def exploration(self, value):
+        self._exploration = check_probability(value, 'exploration')
 
     # ------------------------------------------------------------------ predictor
     @property

@@ -265,6 +265,16 @@ def test_replay_stream_refuses_bad_arguments_naming_them(kwargs, error, match):
         ReplayStream(**stream_args(**kwargs))
 
 
+def test_replay_stream_exploration_assignments_are_checked():
+    stream = ReplayStream(**stream_args())
+    stream.exploration = np.float32(0.25)
+    assert stream.exploration == 0.25 and type(stream.exploration) is float
+    for bad in (1.5, -0.1, math.nan, '0.1', None):
+        with pytest.raises(ValueError, match='exploration'):
+            stream.exploration = bad
+    assert stream.exploration == 0.25
+
+
 def test_replay_stream_accepts_whole_float_sizes_like_replay_memory():
     stream = ReplayStream(**stream_args(memory_size=1e3, init_memory_size=1e2, batch_size=16.0,
                                         update_frequency=4.0, history_len=3.0, seed=np.int64(7)))
