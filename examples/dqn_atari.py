@@ -17,9 +17,9 @@ Hyperparameters follow tensorpack's example (Nature DQN): a memory of 1M frames 
 network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agent steps and
 -> 0.01 by 40M, Adam (or tensorpack's RMSProp), Huber loss, rewards clipped to [-1, 1].
 
-Progress: tqdm bars for the memory fill and each epoch; every 30 s a ``progress:`` line (agent
-steps and their rate, games finished this epoch and their mean score, epsilon), the first about
-a minute after the start; every epoch the monitors print (and write to TensorBoard events and
+Progress: tqdm bars for the memory fill and each epoch; a ``progress:`` line 15 s into the
+training (about 40 s after the start here) and every 30 s after it (agent steps and their rate,
+games finished this epoch and their mean score, epsilon); every epoch the monitors print (and write to TensorBoard events and
 ``stats.json`` in the log directory) the training game scores (``expreplay/mean_score``: whole
 games, all lives), env steps per second, the loss and the mean predicted Q; every
 ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``. ``tensorboard --logdir
@@ -182,7 +182,7 @@ def train(args, num_actions):
         manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None,
     )
     callbacks = [
-        ProgressLog(replay, every=30),   # a line every 30 s: the epoch's monitors are minutes away
+        ProgressLog(replay, every=30, first=15),   # the epoch's monitors are minutes away
         ModelSaver(),   # every epoch, into logdir; --resume and --load read it
         PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=True),
                         every_k_steps=args.target_update),

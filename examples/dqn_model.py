@@ -356,15 +356,15 @@ def train_until_interrupted(train, *args, **kwargs):
 
 
 class ProgressLog(Callback):
-    """Logs one line every ``every`` seconds of training: agent steps and their rate, games
-    finished this epoch and their mean score, epsilon.
+    """Logs one line ``first`` seconds into the training, then every ``every`` seconds: agent
+    steps and their rate, games finished this epoch and their mean score, epsilon.
 
     An epoch's monitors come at its end, which on a CPU is minutes away (5000 training steps);
     this shows from the first minute on that the run is alive and what it is doing.
     """
 
-    def __init__(self, replay, every=30.0, clock=time.monotonic):
-        self.replay, self.every, self.clock = replay, float(every), clock
+    def __init__(self, replay, every=30.0, first=15.0, clock=time.monotonic):
+        self.replay, self.every, self.first, self.clock = replay, float(every), float(first), clock
 
     def _before_train(self):
         self._last = None      # set at the first training step: the initial fill is over then
@@ -372,8 +372,9 @@ class ProgressLog(Callback):
     def _trigger_step(self):
         now = self.clock()
         if self._last is None:
-            self._last, self._last_steps = now, self.replay.mem.num_steps_written
-        elif now - self._last >= self.every:
+            self._last, self._last_steps, self._reports = now, self.replay.mem.num_steps_written, 0
+        elif now - self._last >= (self.first if self._reports == 0 else self.every):
+            self._reports += 1
             self.report(now)
 
     def report(self, now):

@@ -129,7 +129,8 @@ def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
 
 
 def test_progress_log_reports_agent_steps_games_and_epsilon():
-    """The Atari example's ProgressLog: a line every `every` seconds, nothing in between."""
+    """The Atari example's ProgressLog: a line `first` seconds into the training, then every
+    `every` seconds, nothing in between."""
     import logging
 
     from dqn_model import ProgressLog
@@ -138,26 +139,28 @@ def test_progress_log_reports_agent_steps_games_and_epsilon():
     mem = types.SimpleNamespace(num_steps_written=1000)
     stream = types.SimpleNamespace(stats=lambda: dict(games=3, mean_score=-20.3, max_score=-19.0))
     replay = types.SimpleNamespace(mem=mem, stream=stream, exploration=0.95)
-    cb = ProgressLog(replay, every=30, clock=lambda: clock.now)
+    cb = ProgressLog(replay, every=30, first=10, clock=lambda: clock.now)
     cb.trainer = types.SimpleNamespace(global_step=250, epoch_num=1)
     cb._before_train()
-    cb._trigger_step()                 # the first training step: rates count from here
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     tp_logger = logging.getLogger('tensorpack')     # tensorpack's logger does not propagate
     tp_logger.addHandler(handler)
     try:
-        clock.now, mem.num_steps_written = 129.0, 2000
-        cb._trigger_step()
-        assert not records
-        clock.now, mem.num_steps_written = 130.0, 3400
-        cb._trigger_step()
+        cb._trigger_step()                 # the first training step (the fill is over): t = 0
+        for now, steps, expect in [(109.0, 1500, 0), (110.0, 1800, 1), (139.0, 2000, 1),
+                                   (140.0, 4200, 2), (169.9, 4300, 2), (170.0, 4400, 3)]:
+            clock.now, mem.num_steps_written = now, steps
+            cb._trigger_step()
+            assert len(records) == expect, (now, [r.getMessage() for r in records])
     finally:
         tp_logger.removeHandler(handler)
-    [line] = [r.getMessage() for r in records]
-    assert line == ("progress: 3400 agent steps (80/s), training step 250, epoch 1: 3 games "
-                    "finished this epoch, mean score -20.3 (max -19), epsilon 0.950")
+    lines = [r.getMessage() for r in records]
+    assert lines[0] == ("progress: 1800 agent steps (80/s), training step 250, epoch 1: 3 games "
+                        "finished this epoch, mean score -20.3 (max -19), epsilon 0.950")
+    assert lines[1].startswith("progress: 4200 agent steps (80/s)")
+    assert lines[2].startswith("progress: 4400 agent steps (7/s)")
 
 
 @pytest.mark.timeout(600)
