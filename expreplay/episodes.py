@@ -481,7 +481,7 @@ class EpisodeLog:
 
     def __init__(self, path, fsync=True):
         self.path = os.fspath(path)
-        self.fsync = bool(fsync)
+        self.fsync = check_bool(fsync, 'fsync')
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)

@@ -298,6 +298,8 @@ def test_replay_stream_accepts_whole_float_sizes_like_replay_memory():
     (lambda: expreplay.Curriculum([('x', {})]), TypeError, 'threshold'),
     (lambda: expreplay.Curriculum([(math.nan, {})]), ValueError, 'threshold'),
     (lambda: expreplay.Curriculum([(0, {})], count_env_steps='yes'), TypeError, 'count_env_steps'),
+    (lambda: expreplay.EpisodeLog('/nonexistent-dir/never/episodes.jsonl', fsync='no'), TypeError,
+     'fsync'),
 ])
 def test_episode_schedulers_refuse_bad_arguments_naming_them(make, error, match):
     with pytest.raises(error, match=match):
