@@ -19,12 +19,12 @@ network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agen
 
 Progress: tqdm bars for the memory fill and each epoch; a ``progress:`` line 15 s into the
 training (about 40 s after the start here) and every 30 s after it (agent steps and their rate,
-games finished this epoch and their mean score, epsilon); every epoch the monitors print (and write to TensorBoard events and
-``stats.json`` in the log directory) the training game scores (``expreplay/mean_score``: whole
-games, all lives), env steps per second, the loss and the mean predicted Q; every
-``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``. ``tensorboard --logdir
-train_log`` shows the curves. Ctrl-C stops the training cleanly (the environments are closed,
-the replay memory is saved) and says what is saved where.
+games finished this epoch and their mean score, epsilon); every epoch the monitors print (and
+write to TensorBoard events and ``stats.json`` in the log directory) the training game scores
+(``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
+predicted Q; every ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``.
+``tensorboard --logdir train_log`` shows the curves. Ctrl-C stops the training cleanly (the
+environments are closed, the replay memory is saved) and says what is saved where.
 
 Speed, measured with the README's quick-start command (3 players, ``--memory-size 200000``):
 on the 2-core CPU machines this was developed on, the 10k-step initial fill takes 10-15 s and
