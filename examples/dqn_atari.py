@@ -18,7 +18,7 @@ network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agen
 -> 0.01 by 40M, Adam (or tensorpack's RMSProp), Huber loss, rewards clipped to [-1, 1].
 
 Progress: tqdm bars for the memory fill and each epoch; a ``progress:`` line 15 s into the
-training (about 40 s after the start here) and every 30 s after it (agent steps and their rate,
+training (30-40 s after the start here) and every 30 s after it (agent steps and their rate,
 games finished this epoch and their mean score, epsilon); every epoch the monitors print (and
 write to TensorBoard events and ``stats.json`` in the log directory) the training game scores
 (``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
@@ -266,7 +266,7 @@ def main(argv=None):
             saved = [what for what, name in (('the model checkpoint', 'checkpoint'),
                                              ('the replay memory', 'replay_memory.npz'))
                      if os.path.exists(os.path.join(args.logdir, name))]
-            where = (f"{' and '.join(saved)} in {args.logdir}" if saved else
+            where = (f"saved in {args.logdir}: {' and '.join(saved)}" if saved else
                      "nothing saved yet (the model is saved at the end of each epoch)")
             resume = ' (continue with --resume)' if 'the model checkpoint' in saved else ''
             print(f"Interrupted: training stopped, environments closed; {where}{resume}.")

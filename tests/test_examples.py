@@ -113,7 +113,7 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
     line = assert_stopped_cleanly(*interrupt_example(
         tmp_path, 'dqn_atari.py', [*ATARI_SMOKE, '--logdir', logdir, '--players', 2,
                                    '--max-epoch', 1000, '--eval-every', 0], 'Start Epoch 2'))
-    assert f'the model checkpoint and the replay memory in {logdir}' in line, line
+    assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
     assert 'continue with --resume' in line
     files = os.listdir(logdir)
     assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
