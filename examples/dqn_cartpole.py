@@ -21,7 +21,8 @@ to a tenth over the budget (the decay damps DQN's oscillations on CartPole), bat
 training step per 2 env steps, target copied every 64 training steps, epsilon 1 -> 0.04 over the
 first 8k env steps, a 2x256 MLP, gamma 0.99, Huber loss, Double DQN. Measured on a 2-core CPU:
 seeds 0-9 all reach a 20-episode greedy mean of 500 after 7.5k-57.5k env steps (seed 0, the
-default: 20k steps, about 1.5 minutes including TensorFlow's start-up).
+default: 20k steps, 45-50 s including TensorFlow's start-up; other machines' TensorFlow may take
+another number of steps: one needed 37.5k for seed 0).
 """
 
 import argparse
