@@ -18,16 +18,21 @@ Hyperparameters follow tensorpack's example (Nature DQN): a memory of 1M frames 
 network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agent steps and
 -> 0.01 by 40M, Adam (or tensorpack's RMSProp), Huber loss, rewards clipped to [-1, 1].
 
-Progress: tqdm bars for the memory fill and each epoch; every epoch the monitors print (and
+Progress: tqdm bars for the memory fill and each epoch; a ``progress:`` line 15 s into the
+training (30-40 s after the start here) and every 30 s after it (agent steps and their rate,
+games finished this epoch and their mean score, epsilon); every epoch the monitors print (and
 write to TensorBoard events and ``stats.json`` in the log directory) the training game scores
 (``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
 predicted Q; every ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``.
-``tensorboard --logdir train_log`` shows the curves.
+``tensorboard --logdir train_log`` shows the curves. Ctrl-C stops the training cleanly (the
+environments are closed, the replay memory is saved) and says what is saved where.
 
-Speed: a training step (batch 64; Double DQN runs the Nature CNN forward three times and
-backward once) takes ~0.35 s on a 2-core CPU: ~3 training steps/s, ~12 agent steps/s. Pong
-needs a few million agent steps: days on such a CPU, hours on a GPU. The replay machinery is
-not the bottleneck here (``tune_staleness.py`` measures it alone).
+Speed, measured with the README's quick-start command (3 players, ``--memory-size 200000``):
+on the 2-core CPU machines this was developed on, the 10k-step initial fill takes 10-15 s and
+training makes 4.4-5.5 training steps/s (batch 64; Double DQN runs the Nature CNN forward three
+times and backward once), 14-24 agent steps/s; a new user's faster machine made 87 agent
+steps/s. Pong needs a few million agent steps: days on such a CPU, hours on a GPU. The replay
+machinery is not the bottleneck here (``tune_staleness.py`` measures it alone).
 """
 
 import argparse
@@ -37,7 +42,8 @@ import os
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
 
 from atari_wrappers import FRAME_SHAPE, make_env, make_envpool, make_vector_env  # noqa: E402
-from dqn_model import DQNModel, evaluate, play_episode, tf  # noqa: E402
+from dqn_model import (DQNModel, ProgressLog, evaluate, play_episode, tf,  # noqa: E402
+                       train_until_interrupted)
 from tensorpack import (AutoResumeTrainConfig, Callback, ModelSaver, ObjAttrParam,  # noqa: E402
                         OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
                         ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
@@ -186,6 +192,7 @@ def train(args, num_actions):
         manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None,
     )
     callbacks = [
+        ProgressLog(replay, every=30, first=15),   # the epoch's monitors are minutes away
         ModelSaver(),   # every epoch, into logdir; --resume and --load read it
         PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=True),
                         every_k_steps=args.target_update),
@@ -264,7 +271,16 @@ def main(argv=None):
     probe.close()
     logger.info(f"{args.env}: {num_actions} actions")
     if args.task == 'train':
-        train(args, num_actions)
+        _, interrupted = train_until_interrupted(train, args, num_actions)
+        if interrupted:
+            saved = [what for what, name in (('the model checkpoint', 'checkpoint'),
+                                             ('the replay memory', 'replay_memory.npz'))
+                     if os.path.exists(os.path.join(args.logdir, name))]
+            where = (f"saved in {args.logdir}: {' and '.join(saved)}" if saved else
+                     "nothing saved yet (the model is saved at the end of each epoch)")
+            resume = ' (continue with --resume)' if 'the model checkpoint' in saved else ''
+            print(f"Interrupted: training stopped, environments closed; {where}{resume}.")
+            raise SystemExit(130)
         return None
     predictor = offline_predictor(args, num_actions)
     if args.task == 'play':

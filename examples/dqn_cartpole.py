@@ -21,7 +21,8 @@ to a tenth over the budget (the decay damps DQN's oscillations on CartPole), bat
 training step per 2 env steps, target copied every 64 training steps, epsilon 1 -> 0.04 over the
 first 8k env steps, a 2x256 MLP, gamma 0.99, Huber loss, Double DQN. Measured on a 2-core CPU:
 seeds 0-9 all reach a 20-episode greedy mean of 500 after 7.5k-57.5k env steps (seed 0, the
-default: 20k steps, about 1.5 minutes including TensorFlow's start-up).
+default: 20k steps, 45-50 s including TensorFlow's start-up; other machines' TensorFlow may take
+another number of steps: one needed 37.5k for seed 0).
 """
 
 import argparse
@@ -33,7 +34,7 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is impor
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dqn_model import DQNModel, evaluate, tf  # noqa: E402  (sets up TF for tensorpack)
+from dqn_model import DQNModel, evaluate, tf, train_until_interrupted  # noqa: E402  (sets up TF)
 from tensorpack import (Callback, FeedInput, PeriodicTrigger, PredictConfig, OfflinePredictor,  # noqa: E402
                         RunOp, ScheduledHyperParamSetter, ObjAttrParam, SimpleTrainer,
                         SmartInit, TrainConfig, launch_train_with_config, logger)
@@ -201,7 +202,15 @@ def final_evaluation(args, checkpoint):
 def main(argv=None):
     args = parse_args(argv)
     if args.task == 'train':
-        checkpoint, env_steps = train(args)
+        result, interrupted = train_until_interrupted(train, args)
+        if interrupted:
+            best = os.path.join(args.logdir, 'best-model')
+            kept = (f"the best weights so far are in {best} (evaluate them with --task eval "
+                    f"--load {best})" if os.path.exists(best + '.index') else
+                    "no weights kept yet (the first evaluation had not run)")
+            print(f"Interrupted: training stopped, environments closed; {kept}.")
+            raise SystemExit(130)
+        checkpoint, env_steps = result
     else:
         if not args.load:
             raise SystemExit('--task eval needs --load')

@@ -16,14 +16,74 @@ frames, so they are stored once). ``isOver`` is True only for a *terminated* ste
 limit (truncation) bootstraps, which matters for CartPole's 500-step cap.
 """
 
+import gc
+import logging
 import os
+import re
+import sys
+import tempfile
+import time
 
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # tensorpack needs tf.layers (tf-keras 2)
 
-import numpy as np
-import tensorflow as tf_root  # noqa: E402
+import numpy as np  # noqa: E402
 
-from tensorpack import ModelDesc  # noqa: E402
+# TensorFlow's start-up lines a user can do nothing about: absl's notice about logging before
+# its initialisation, "no CUDA drivers" on a CPU machine (and its cuInit error), the CPU
+# instruction notice and its continuation line. Other C++ messages at INFO and WARNING level
+# printed during the import are dropped too; errors are not.
+_TF_NOISE = re.compile(
+    r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|[IW]\d{4} \S+ +\d+ \S+:\d+\] .*"
+    r"|E\d{4} \S+ +\d+ cuda_platform\.cc:\d+\] failed call to cuInit.*"
+    r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler flags\.)$")
+
+
+def _import_tensorflow_quietly():
+    """``import tensorflow``, with its start-up noise kept off the terminal.
+
+    The noise comes from C++ before TensorFlow's own log level applies, so stderr (the file
+    descriptor) is redirected into a temporary file during the import, and what is not noise
+    is written back. ``TF_CPP_MIN_LOG_LEVEL`` (2 unless set) quiets what TensorFlow logs later;
+    a user who sets it sees everything, unfiltered.
+    """
+    if 'tensorflow' in sys.modules or 'TF_CPP_MIN_LOG_LEVEL' in os.environ:
+        import tensorflow
+        return tensorflow
+    os.environ['TF_CPP_MIN_LOG_LEVEL'] = '2'
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode='w+b') as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow
+            # Probing the devices now makes the CUDA platform report a missing driver here
+            # (once), not in the middle of the training's first lines.
+            tensorflow.config.list_physical_devices('GPU')
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors='replace').splitlines(True)
+                    if not _TF_NOISE.match(line.rstrip('\n'))]
+            sys.stderr.write(''.join(kept))
+            sys.stderr.flush()
+    # tensorflow.compat.v1's Python-side deprecation notices.
+    tensorflow.get_logger().setLevel(logging.ERROR)
+    return tensorflow
+
+
+class _DropFreezeVariablesNotice(logging.Filter):
+    # tensorpack's freeze_variables() warns once per target-network variable that the variable
+    # getter returned a tf-keras variable; the variables are frozen all the same.
+    def filter(self, record):
+        return '[freeze_variables] variable getter did not return a Variable' not in str(record.msg)
+
+
+tf_root = _import_tensorflow_quietly()
+
+from tensorpack import Callback, ModelDesc, logger  # noqa: E402
 from tensorpack.models import Conv2D, FullyConnected  # noqa: E402
 from tensorpack.tfutils import summary, varreplace  # noqa: E402
 from tensorpack.tfutils.scope_utils import auto_reuse_variable_scope  # noqa: E402
@@ -31,6 +91,7 @@ from tensorpack.tfutils.tower import get_current_tower_context  # noqa: E402
 
 tf = tf_root.compat.v1
 tf.disable_eager_execution()   # a TF1 graph model, as tensorpack's trainer runs it anyway
+logging.getLogger('tensorpack').addFilter(_DropFreezeVariablesNotice())
 
 METHODS = ('DQN', 'Double', 'Dueling')
 
@@ -274,3 +335,56 @@ def evaluate(make_env, predictor, history, episodes, *, epsilon=0.0, seed=0, par
         if bar is not None:
             bar.close()
     return np.array(scores)
+
+
+# ------------------------------------------------------------------------------ running a training
+def train_until_interrupted(train, *args, **kwargs):
+    """``train(*args, **kwargs)``, stopped cleanly by Ctrl-C; returns ``(result, interrupted)``.
+
+    On Ctrl-C tensorpack's trainer still runs every callback's ``after_train``: ExpReplay
+    stops and joins its simulator threads, closes the environments and saves the memory when
+    it has a checkpoint directory. The interrupt is then caught here, so the user sees one
+    line instead of a traceback; the trainer, its callbacks and the emulators they hold are
+    collected before the interpreter exits (else ale-py reports them as leaked).
+    """
+    try:
+        return train(*args, **kwargs), False
+    except KeyboardInterrupt:
+        pass
+    gc.collect()   # outside the except block: the traceback no longer holds the trainer
+    return None, True
+
+
+class ProgressLog(Callback):
+    """Logs one line ``first`` seconds into the training, then every ``every`` seconds: agent
+    steps and their rate, games finished this epoch and their mean score, epsilon.
+
+    An epoch's monitors come at its end, which on a CPU is minutes away (5000 training steps);
+    this shows from the first minute on that the run is alive and what it is doing.
+    """
+
+    def __init__(self, replay, every=30.0, first=15.0, clock=time.monotonic):
+        self.replay, self.every, self.first, self.clock = replay, float(every), float(first), clock
+
+    def _before_train(self):
+        self._last = None      # set at the first training step: the initial fill is over then
+
+    def _trigger_step(self):
+        now = self.clock()
+        if self._last is None:
+            self._last, self._last_steps, self._reports = now, self.replay.mem.num_steps_written, 0
+        elif now - self._last >= (self.first if self._reports == 0 else self.every):
+            self._reports += 1
+            self.report(now)
+
+    def report(self, now):
+        steps = self.replay.mem.num_steps_written
+        rate = (steps - self._last_steps) / max(now - self._last, 1e-9)
+        self._last, self._last_steps = now, steps
+        stats = self.replay.stream.stats()        # since the epoch began
+        games, mean = stats.get('games') or 0, stats.get('mean_score')
+        line = (f"progress: {steps} agent steps ({rate:.0f}/s), training step {self.global_step}, "
+                f"epoch {self.epoch_num}: {games} games finished this epoch")
+        if mean is not None:
+            line += f", mean score {mean:.1f} (max {stats.get('max_score'):.0f})"
+        logger.info(line + f", epsilon {self.replay.exploration:.3f}")

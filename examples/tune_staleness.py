@@ -12,7 +12,9 @@ one batched forward pass) at once, so more steps per second reach the memory. Th
 lag: a request that waits behind others is executed after the learner has moved on, so the
 transition it adds was asked for by an older learner. This script runs the real machinery
 (``ReplayMemory``, ``EnvRunner``, ``EnvRunnerManager``) in a DQN-shaped loop for every
-combination, measures, and writes ``<out>.csv`` and ``<out>.png``.
+combination, measures, and writes ``staleness.csv`` (each combination's mean over
+``--rounds`` rounds, with the spread), ``staleness_rounds.csv`` (every round) and
+``staleness.png`` into ``--out-dir``.
 
 What is measured, per combination, over ``--seconds`` after ``--warmup``:
 
@@ -28,8 +30,15 @@ The learner: each update samples a real batch from the memory and then sleeps ``
 standing for the training step of a GPU learner (which, like a sleep, does not hold the GIL
 or a CPU core). ``--train-ms 0`` measures how fast the population alone can go.
 
+A single player is stepped inline in the learner's thread (no queue, no lag), so its
+``maximum_staleness`` can not matter: it is measured once per round and shown as ``any``.
+The rounds run the combinations in turn (round 1 of every combination, then round 2, ...), so
+that a machine whose speed drifts during the sweep affects all of them alike; the spread of the
+rounds (min to max) is in the CSV and drawn as error bars.
+
 The recommendation: among the combinations reaching ``--throughput-fraction`` of the best
-steps/s, the one with the smallest mean update lag (ties: fewer players, smaller window).
+steps/s (means over the rounds), the one with the smallest mean update lag (ties: fewer
+players, smaller window); the plot marks it.
 """
 
 import argparse
@@ -81,7 +90,12 @@ def build_parser():
     p.add_argument('--seconds', type=float, default=10.0, help='seconds measured per combination')
     p.add_argument('--throughput-fraction', type=float, default=0.9,
                    help='the recommendation must reach this fraction of the best steps/s')
-    p.add_argument('--out', default='staleness', help='writes <out>.csv and <out>.png')
+    p.add_argument('--rounds', type=int, default=3,
+                   help='measure every combination this many times; the CSV and the plot show the '
+                        'mean and the spread (min to max)')
+    p.add_argument('--out-dir', default=os.path.join('train_log', 'tune_staleness'),
+                   help='directory for staleness.csv, staleness_rounds.csv and staleness.png '
+                        '(created if needed)')
     p.add_argument('--seed', type=int, default=0, help='seeds the envs, the runners and the sampling')
     return p
 
@@ -250,68 +264,167 @@ def measure(args, make_player, frame_shape, dtype, history, predictor, players, 
                 seconds=elapsed)
 
 
+ROUND_FIELDS = ['round', 'players', 'maximum_staleness', 'steps_per_sec', 'updates_per_sec',
+                'request_lag_mean', 'request_lag_max', 'update_lag_mean', 'update_lag_max',
+                'mean_inference_batch', 'seconds']
+# Summary columns: the mean over the rounds, with min and max of the two that decide.
+FIELDS = ['players', 'maximum_staleness', 'rounds', 'steps_per_sec', 'steps_per_sec_min',
+          'steps_per_sec_max', 'updates_per_sec', 'request_lag_mean', 'request_lag_max',
+          'update_lag_mean', 'update_lag_mean_min', 'update_lag_mean_max', 'update_lag_max',
+          'mean_inference_batch', 'seconds']
+
+
+def combinations(players, staleness):
+    """(players, maximum_staleness) pairs to measure; one player once, as (1, None)."""
+    out = []
+    for p, s in itertools.product(dict.fromkeys(players), dict.fromkeys(staleness)):
+        pair = (p, None) if p == 1 else (p, s)
+        if pair not in out:
+            out.append(pair)
+    return out
+
+
+def summarize(measured):
+    """One row per combination from its rounds: means, the spread, the worst lags."""
+    rows = []
+    for (players, staleness), rs in measured.items():
+        row = dict(players=players, maximum_staleness=staleness, rounds=len(rs))
+        for f in ('steps_per_sec', 'updates_per_sec', 'request_lag_mean', 'update_lag_mean',
+                  'mean_inference_batch', 'seconds'):
+            row[f] = float(np.mean([r[f] for r in rs]))
+        for f in ('steps_per_sec', 'update_lag_mean'):
+            row[f + '_min'] = float(min(r[f] for r in rs))
+            row[f + '_max'] = float(max(r[f] for r in rs))
+        for f in ('request_lag_max', 'update_lag_max'):
+            row[f] = int(max(r[f] for r in rs))
+        rows.append(row)
+    return rows
+
+
 def recommend(rows, fraction):
     best = max(r['steps_per_sec'] for r in rows)
     ok = [r for r in rows if r['steps_per_sec'] >= fraction * best]
-    return min(ok, key=lambda r: (r['update_lag_mean'], r['players'], r['maximum_staleness'])), best
+    return min(ok, key=lambda r: (r['update_lag_mean'], r['players'], r['maximum_staleness'] or 0)), best
 
 
-def plot(rows, path, title):
+def _label(players):
+    return f'{players} player{"s" if players > 1 else ""}' + (' (inline, any staleness)' if players == 1 else '')
+
+
+def plot(rows, path, title, recommended):
+    """Throughput and lag against maximum_staleness, one line per player count, the rounds'
+    spread as error bars and the recommendation marked; saves ``path``, returns the figure."""
     import matplotlib
     matplotlib.use('Agg')   # no display needed
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    ticks = sorted({r['maximum_staleness'] for r in rows if r['maximum_staleness'] is not None}) or [1]
+    panels = ((ax1, 'steps_per_sec'), (ax2, 'update_lag_mean'))
     for p in sorted({r['players'] for r in rows}):
-        rs = sorted((r for r in rows if r['players'] == p), key=lambda r: r['maximum_staleness'])
-        x = [r['maximum_staleness'] for r in rs]
-        ax1.plot(x, [r['steps_per_sec'] for r in rs], 'o-', label=f'{p} player{"s" if p > 1 else ""}')
-        ax2.plot(x, [r['update_lag_mean'] for r in rs], 'o-', label=f'{p} player{"s" if p > 1 else ""}')
-    ticks = sorted({r['maximum_staleness'] for r in rows})
-    for ax in (ax1, ax2):
+        rs = sorted((r for r in rows if r['players'] == p), key=lambda r: r['maximum_staleness'] or 0)
+        for ax, f in panels:
+            if p == 1:   # one measurement, valid for every window: a flat line
+                x = ticks
+                y = [rs[0][f]] * len(x)
+                err = [[rs[0][f] - rs[0][f + '_min']] * len(x), [rs[0][f + '_max'] - rs[0][f]] * len(x)]
+                ax.errorbar(x, y, yerr=err, fmt='--', capsize=3, label=_label(p))
+            else:
+                x = [r['maximum_staleness'] for r in rs]
+                y = [r[f] for r in rs]
+                err = [[r[f] - r[f + '_min'] for r in rs], [r[f + '_max'] - r[f] for r in rs]]
+                ax.errorbar(x, y, yerr=err, fmt='o-', capsize=3, label=_label(p))
+    rec_x = recommended['maximum_staleness'] or ticks[0]
+    for ax, f in panels:
+        ax.plot([rec_x], [recommended[f]], marker='*', markersize=18, color='gold',
+                markeredgecolor='black', linestyle='none', zorder=5)
+        right = rec_x == ticks[-1] and len(ticks) > 1     # keep the label inside the axes
+        ax.annotate(f"recommended:\n{recommended['players']} player(s), staleness "
+                    f"{recommended['maximum_staleness'] or 'any'}",
+                    (rec_x, recommended[f]), textcoords='offset points',
+                    xytext=(-12 if right else 12, -24), ha='right' if right else 'left', fontsize=8)
         ax.set_xscale('log', base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
         ax.minorticks_off()
         ax.set_xlabel('maximum_staleness (step requests allowed pending)')
         ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
+    rounds = max(r['rounds'] for r in rows)
     ax1.set_ylabel('environment steps into the memory per second')
-    ax1.set_title('throughput')
+    ax1.set_title(f'throughput (mean of {rounds} rounds; bars: min-max)', fontsize=10)
     ax2.set_ylabel('policy lag (learner updates behind, mean)')
-    ax2.set_title('policy lag')
+    ax2.set_title('policy lag', fontsize=10)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
+
+
+def _format(row, fields, widths):
+    cells = []
+    for f in fields:
+        v = row[f]
+        if v is None:
+            v = 'any'
+        cells.append(f'{v:{widths[f]}.2f}' if isinstance(v, float) else f'{v:>{widths[f]}}')
+    return ' '.join(cells)
+
+
+def write_csv(path, fields, rows):
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: 'any' if row[k] is None else row[k] for k in fields})
 
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.rounds < 1:
+        raise SystemExit('--rounds must be >= 1')
     make_player, frame_shape, dtype, num_actions = env_factory(args)
     history = args.history or (4 if len(frame_shape) >= 2 else 1)
     if args.predictor == 'auto':
         args.predictor = 'nature' if len(frame_shape) >= 2 else 'mlp'
     predictor = make_predictor(args.predictor, frame_shape, history, dtype, num_actions, args.seed)
-    rows = []
-    fields = ['players', 'maximum_staleness', 'steps_per_sec', 'updates_per_sec', 'request_lag_mean',
-              'request_lag_max', 'update_lag_mean', 'update_lag_max', 'mean_inference_batch', 'seconds']
-    print(' '.join(f'{f:>10.10s}' for f in fields))
-    for players, staleness in itertools.product(args.players, args.staleness):
-        row = measure(args, make_player, frame_shape, dtype, history, predictor, players, staleness)
-        rows.append(row)
-        print(' '.join(f'{row[f]:10.2f}' if isinstance(row[f], float) else f'{row[f]:10d}' for f in fields),
-              flush=True)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + '.csv', 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
+    pairs = combinations(args.players, args.staleness)
+    if any(p == 1 for p, _ in pairs) and len(set(args.staleness)) > 1:
+        print("1 player is stepped inline (no queue): measured once, for any maximum_staleness")
+    widths = {f: max(len(f), 8) for f in ROUND_FIELDS}
+    print(' '.join(f'{f:>{widths[f]}}' for f in ROUND_FIELDS))
+    measured = {pair: [] for pair in pairs}
+    all_rounds = []
+    for k in range(args.rounds):
+        for players, staleness in pairs:
+            # One player never queues a request, whatever the window: 1 will do.
+            row = measure(args, make_player, frame_shape, dtype, history, predictor, players,
+                          staleness or 1)
+            row.update(round=k, maximum_staleness=staleness)
+            measured[(players, staleness)].append(row)
+            all_rounds.append(row)
+            print(_format(row, ROUND_FIELDS, widths), flush=True)
+    rows = summarize(measured)
+    os.makedirs(args.out_dir, exist_ok=True)
+    csv_path = os.path.join(args.out_dir, 'staleness.csv')
+    rounds_path = os.path.join(args.out_dir, 'staleness_rounds.csv')
+    png_path = os.path.join(args.out_dir, 'staleness.png')
+    write_csv(csv_path, FIELDS, rows)
+    write_csv(rounds_path, ROUND_FIELDS, all_rounds)
+    rec, best = recommend(rows, args.throughput_fraction)
     title = (f"{args.env}{f' x{args.vector}' if args.vector else ''}, predictor {args.predictor}, "
              f"learner {args.train_ms:g} ms/update, update_frequency {args.update_frequency}")
-    plot(rows, args.out + '.png', title)
-    rec, best = recommend(rows, args.throughput_fraction)
-    print(f"wrote {args.out}.csv and {args.out}.png")
-    print(f"recommendation: num_parallel_players={rec['players']} maximum_staleness={rec['maximum_staleness']}: "
-          f"{rec['steps_per_sec']:.0f} steps/s ({100 * rec['steps_per_sec'] / best:.0f}% of the best, "
+    import matplotlib.pyplot as plt
+    plt.close(plot(rows, png_path, title, rec))
+    if args.rounds > 1:
+        print(f"over {args.rounds} rounds (mean, min-max):")
+        widths = {f: max(len(f), 8) for f in FIELDS}
+        print(' '.join(f'{f:>{widths[f]}}' for f in FIELDS))
+        for row in rows:
+            print(_format(row, FIELDS, widths))
+    print(f"wrote {csv_path}, {rounds_path} and {png_path}")
+    print(f"recommendation: num_parallel_players={rec['players']} "
+          f"maximum_staleness={rec['maximum_staleness'] or 'any'}: "
+          f"{rec['steps_per_sec']:.0f} steps/s (rounds {rec['steps_per_sec_min']:.0f}-"
+          f"{rec['steps_per_sec_max']:.0f}; {100 * rec['steps_per_sec'] / best:.0f}% of the best, "
           f"{best:.0f}), policy lag {rec['update_lag_mean']:.2f} updates on average "
           f"(max {rec['update_lag_max']}), {rec['request_lag_mean']:.2f} queued requests")
     return rows, rec

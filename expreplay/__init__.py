@@ -6,7 +6,7 @@ TensorFlow and tensorpack when it is first touched.
 
 import importlib
 
-from .memory import Experience, LaneWriter, ReplayMemory
+from .memory import CheckpointError, Experience, LaneWriter, ReplayMemory
 
 __version__ = '0.1.0'
 
@@ -30,7 +30,7 @@ _LAZY = {
     'load_minari': '.minari_io',
 }
 
-__all__ = ['Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
+__all__ = ['CheckpointError', 'Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
 
 
 def __getattr__(name):

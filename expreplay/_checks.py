@@ -11,7 +11,7 @@ import numbers
 import numpy as np
 
 __all__ = ['check_int', 'check_probability', 'check_timeout', 'check_real', 'check_bool',
-           'check_callable']
+           'check_callable', 'check_shape', 'check_dtype', 'check_seed', 'check_rng', 'check_choice']
 
 
 def check_int(value, name, minimum=None, maximum=None, *, allow_float=False):
@@ -85,3 +85,62 @@ def check_callable(value, name, *, allow_none=False):
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {value!r}")
     return value
+
+
+def check_shape(value, name, *, min_rank=1, max_rank=3):
+    """A frame shape as a tuple of positive ints: an int ``n`` means ``(n,)``.
+
+    Strings (``'84'`` would read as ``(8, 4)``), floats and bools are refused, whole floats too:
+    a shape comes from an array's ``.shape``, never from arithmetic.
+    """
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        value = (value,)
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list, np.ndarray)):
+        raise TypeError(f"{name} must be a tuple of ints, got {value!r}")
+    dims = []
+    for d in value:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, numbers.Integral):
+            raise TypeError(f"{name} must be a tuple of ints, got {tuple(value)!r}")
+        dims.append(int(d))
+    if not min_rank <= len(dims) <= max_rank or min(dims, default=1) < 1:
+        raise ValueError(f"{name} must have rank {min_rank} to {max_rank} and positive sizes, "
+                         f"got {tuple(dims)}")
+    return tuple(dims)
+
+
+def check_dtype(value, name, kinds='biuf'):
+    """A numpy dtype of one of ``kinds`` (numpy's kind letters); None is refused (numpy would
+    read it as float64)."""
+    if value is None:
+        raise TypeError(f"{name} must be a numpy dtype, got None")
+    try:
+        out = np.dtype(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a numpy dtype, got {value!r}") from None
+    if out.kind not in kinds:
+        raise TypeError(f"{name} must be a boolean, integer or float dtype, got {out}")
+    return out
+
+
+def check_seed(value, name='seed', *, allow_none=True):
+    """A seed: a non-negative int (or None when allowed)."""
+    if value is None and allow_none:
+        return None
+    return check_int(value, name, minimum=0)
+
+
+def check_rng(value, name='rng', *, allow_none=True):
+    """A ``numpy.random.Generator`` or legacy ``RandomState`` (or None when allowed)."""
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, (np.random.Generator, np.random.RandomState)):
+        raise TypeError(f"{name} must be a numpy.random.Generator or RandomState, got {value!r}; "
+                        "pass numpy.random.default_rng(seed) to seed it")
+    return value
+
+
+def check_choice(value, name, choices):
+    """One of the strings ``choices``."""
+    if isinstance(value, str) and value in choices:
+        return value
+    raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")

@@ -55,6 +55,8 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from ._checks import check_bool, check_int, check_probability, check_real, check_seed
+
 __all__ = ['EpisodeStart', 'RestartPoint', 'EpisodeScheduler', 'ProceduralSeeds', 'FixedSeed',
            'SeedList', 'SeedsExhausted', 'Curriculum', 'RestartPool', 'EpisodeRecord',
            'EpisodeLog', 'read_episode_log', 'EpisodeTotals', 'EPISODE_LOG_FILENAME']
@@ -121,9 +123,7 @@ class EpisodeScheduler:
 
 
 def _check_seed(seed, what='seed'):
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"{what} must be a non-negative integer, got {seed!r}")
-    return int(seed)
+    return check_seed(seed, what, allow_none=False)
 
 
 def _copy(options):
@@ -208,11 +208,11 @@ class SeedList(EpisodeScheduler):
     """
 
     def __init__(self, seeds, cycle=True, shared=False, options=None):
-        self.seeds = [_check_seed(s) for s in seeds]
+        self.seeds = [_check_seed(s, f'seeds[{i}]') for i, s in enumerate(seeds)]
         if not self.seeds:
             raise ValueError("seeds is empty")
-        self.cycle = bool(cycle)
-        self.shared = bool(shared)
+        self.cycle = check_bool(cycle, 'cycle')
+        self.shared = check_bool(shared, 'shared')
         self.options = _check_options(options)
         self._lock = threading.Lock()
         self._cursor = 0
@@ -258,13 +258,14 @@ class Curriculum(EpisodeScheduler):
             self._options_fn = options
             self.stages = None
         else:
-            stages = sorted(((float(t), _check_options(o)) for t, o in options), key=lambda s: s[0])
+            stages = sorted(((check_real(t, f'options[{i}] threshold'), _check_options(o))
+                             for i, (t, o) in enumerate(options)), key=lambda s: s[0])
             if not stages:
                 raise ValueError("options: give a function or at least one (threshold, options) stage")
             self.stages = stages
             self._options_fn = self._stage_options
         self.seeds = seeds
-        self.count_env_steps = bool(count_env_steps)
+        self.count_env_steps = check_bool(count_env_steps, 'count_env_steps')
         self.progress = 0
         self._lock = threading.Lock()
 
@@ -341,16 +342,11 @@ class RestartPool(EpisodeScheduler):
 
     def __init__(self, share=0.25, capacity=64, harvest_every=100, base=None, include_rng=False,
                  seed=0):
-        share = float(share)
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"share must be in [0, 1], got {share}")
-        if int(capacity) < 1 or int(harvest_every) < 1:
-            raise ValueError(f"capacity and harvest_every must be >= 1, got {capacity}, {harvest_every}")
-        self.share = share
-        self.capacity = int(capacity)
-        self.harvest_every = int(harvest_every)
+        self.share = check_probability(share, 'share')
+        self.capacity = check_int(capacity, 'capacity', 1, allow_float=True)
+        self.harvest_every = check_int(harvest_every, 'harvest_every', 1, allow_float=True)
         self.base = base
-        self.include_rng = bool(include_rng)
+        self.include_rng = check_bool(include_rng, 'include_rng')
         self.seed = _check_seed(seed)
         self._pool = collections.deque(maxlen=self.capacity)
         self._lock = threading.Lock()
@@ -485,7 +481,7 @@ class EpisodeLog:
 
     def __init__(self, path, fsync=True):
         self.path = os.fspath(path)
-        self.fsync = bool(fsync)
+        self.fsync = check_bool(fsync, 'fsync')
         directory = os.path.dirname(self.path)
         if directory:
             os.makedirs(directory, exist_ok=True)

@@ -44,16 +44,17 @@ can not be rewritten under a sample that is reading it.
 """
 
 import collections
-import io
+import logging
 import math
 import numbers
 import os
 import threading
-import zipfile
 
 import numpy as np
 
-from ._checks import check_bool, check_int
+from . import _checkpoint
+from ._checkpoint import CheckpointError
+from ._checks import check_bool, check_choice, check_dtype, check_int, check_rng, check_shape
 from ._gather import gather_frames
 
 try:  # optional, built by setup.py when a C compiler is available
@@ -61,7 +62,10 @@ try:  # optional, built by setup.py when a C compiler is available
 except ImportError:
     _acting_ext = None
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'as_frame', 'as_frames']
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'CheckpointError', 'as_frame',
+           'check_frames', 'check_rewards', 'check_actions', 'check_flags']
+
+logger = logging.getLogger(__name__)
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
@@ -76,18 +80,8 @@ _HAS_ACTION = 8   # an action was taken from this slot's frame
 # Block states (I1).
 _FREE, _ACTIVE, _RETIRED = 0, 1, 2
 
-_CHECKPOINT_VERSION = 1
-_LANE0 = np.zeros(1, np.int64)
 _DEFAULT_TARGET_BLOCKS = 256
-
-
-def _positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
+_LANE0 = np.zeros(1, np.int64)
 
 
 class ReplayMemory:
@@ -99,9 +93,14 @@ class ReplayMemory:
             (``(84, 84)`` for Atari, ``(4,)`` for CartPole).
         history_len (int): frames stacked into one state (4 for Atari DQN).
         dtype: numpy dtype of the frames (``'uint8'`` for images).
-        block_size (int, optional): slots per block (see the module docstring). At most
-            ``num_blocks - 1`` writers can be active at once; the default gives about 256
-            blocks. Larger blocks mean fewer, coarser evictions.
+        block_size (int, optional): slots per block (see the module docstring), from
+            ``history_len`` to ``max_size`` (a larger one is refused: the memory holds at
+            least two blocks, so it would multiply the memory). At most ``num_blocks - 1``
+            writers can be active at once; the default gives about 256 blocks. Larger blocks
+            mean fewer, coarser evictions.
+
+    Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
+    refused (see :func:`as_frame` and :func:`check_rewards`).
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
@@ -114,32 +113,25 @@ class ReplayMemory:
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
 
     def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None):
-        self.max_size = _positive_int(max_size, 'max_size')
-        self.history_len = _positive_int(history_len, 'history_len')
-        if isinstance(state_shape, numbers.Integral):
-            state_shape = (state_shape,)
-        try:
-            state_shape = tuple(int(d) for d in state_shape)
-        except TypeError:
-            raise TypeError(f"state_shape must be a tuple of ints, got {state_shape!r}") from None
-        if not 1 <= len(state_shape) <= 3 or min(state_shape) < 1:
-            raise ValueError(f"state_shape must have rank 1 to 3 and positive sizes, got {state_shape}")
-        self.state_shape = state_shape
-        try:
-            self.dtype = np.dtype(dtype)
-        except TypeError:
-            raise TypeError(f"dtype must be a numpy dtype, got {dtype!r}") from None
-        if self.dtype.kind not in 'biuf':
-            raise TypeError(f"dtype must be a boolean, integer or float dtype, got {self.dtype}")
+        self.max_size = check_int(max_size, 'max_size', 1, allow_float=True)
+        self.history_len = check_int(history_len, 'history_len', 1, allow_float=True)
+        self.state_shape = check_shape(state_shape, 'state_shape')
+        self.dtype = check_dtype(dtype, 'dtype')
         if self.max_size < self.history_len + 1:
             raise ValueError(f"max_size ({self.max_size}) is too small for history_len "
                              f"({self.history_len}): it must be at least history_len + 1")
 
         if block_size is None:
             block_size = max(self.history_len, -(-self.max_size // _DEFAULT_TARGET_BLOCKS))
-        self.block_size = _positive_int(block_size, 'block_size')
+        self.block_size = check_int(block_size, 'block_size', 1, allow_float=True)
         if self.block_size < self.history_len:  # I4
             raise ValueError(f"block_size ({self.block_size}) must be >= history_len ({self.history_len})")
+        if self.block_size > self.max_size:
+            # Refused rather than clamped: the ring holds at least two blocks, so such a
+            # block_size would silently multiply the memory (100 steps asked, 2 blocks built).
+            raise ValueError(f"block_size ({self.block_size}) must be <= max_size ({self.max_size}): "
+                             "the memory holds at least two blocks, so a larger block would "
+                             "allocate far more than max_size slots")
         self.num_blocks = max(2, -(-self.max_size // self.block_size))
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots
@@ -195,6 +187,7 @@ class ReplayMemory:
         # Check everything before writing anything, so that a bad step changes nothing.
         w._check_obs(state, 'exp.state')
         action, reward = w._check_action(action), w._check_reward(reward)
+        is_over = check_bool(is_over, 'exp.isOver')
         if self._legacy_pending is None:
             w.start_episode(state)
         else:
@@ -291,10 +284,9 @@ class ReplayMemory:
         Raises:
             ValueError: fewer than ``batch_size`` valid transitions are stored.
         """
-        batch_size = _positive_int(batch_size, 'batch_size')
-        if layout not in ('NHWC', 'NCHW'):
-            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
-        rng = self._rng if rng is None else rng
+        batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        rng = self._rng if rng is None else check_rng(rng, 'rng')
         with self._lock:
             if self._num_valid < batch_size:
                 raise ValueError(
@@ -397,86 +389,51 @@ class ReplayMemory:
             slot = nxt
 
     # ------------------------------------------------------------------ checkpoints
-    _SAVED_ARRAYS = ('_frames', '_action', '_reward', '_epstep', '_flags', '_block_fill',
-                     '_block_prev', '_block_next', '_block_prev_intact', '_block_state',
-                     '_block_gen')
-
     def save(self, path):
-        """Write a checkpoint of the whole memory to ``path`` (one ``.npz`` file).
+        """Write a checkpoint of the memory to ``path`` (one ``.npz`` file); returns its size
+        in bytes.
 
-        The file is written beside ``path`` and renamed over it only when complete, so a crash
-        or kill during ``save`` leaves the previous checkpoint intact. Arrays are streamed to
-        the file in chunks (no second copy of the frames in RAM). Writers and samplers wait
-        while it runs. Writers attached now are not part of the checkpoint: after
-        :meth:`load`, their partly filled blocks are retired and new writers start new lanes.
+        Only written slots are stored, so the file grows with the memory's fill, not its
+        capacity. The file is written beside ``path`` and renamed over it only when complete,
+        so a crash or kill during ``save`` leaves the previous checkpoint intact; such a
+        save's temporary file is removed by the next save or load of ``path``. Arrays are
+        streamed to the file block by block (no second copy of the frames in RAM). Writers
+        and samplers wait while it runs. Writers attached now are not part of the checkpoint:
+        after :meth:`load`, their partly filled blocks are retired and new writers start new
+        lanes. Each save is logged (logger ``expreplay.memory``, INFO): where, how big, how
+        long. See :mod:`expreplay._checkpoint` for the format.
         """
         path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}-{threading.get_ident()}"
         with self._lock:
-            # Active blocks are retired (newest last) in the checkpoint, as after a close().
-            active = np.flatnonzero(self._block_state == _ACTIVE)
-            meta = dict(
-                version=_CHECKPOINT_VERSION, max_size=self.max_size, state_shape=self.state_shape,
-                history_len=self.history_len, dtype=self.dtype.str, block_size=self.block_size,
-                num_valid=self._num_valid, num_steps_written=self._num_steps_written)
-            arrays = {name.lstrip('_'): getattr(self, name) for name in self._SAVED_ARRAYS}
-            arrays['free'] = np.array(self._free, np.int64)
-            arrays['retired'] = np.concatenate([np.array(self._retired, np.int64), active])
-            arrays['meta'] = np.frombuffer(repr(meta).encode(), np.uint8)
-            try:
-                with open(tmp, 'wb') as f:
-                    np.savez(f, **arrays)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
-                raise
+            transitions = self._num_valid
+            size, seconds = _checkpoint.save(self, path)
+        logger.info("Saved the replay memory (%d transitions) to %s: %s in %.2f s.",
+                    transitions, path, _checkpoint.format_bytes(size), seconds)
+        return size
 
     @classmethod
     def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None):
-        """Load a memory saved by :meth:`save`, bit-identical.
+        """Load a memory saved by :meth:`save`: its written slots bit-identical, its
+        transitions sampled as before.
 
         Pass the configuration you expect (any of ``max_size``, ``state_shape``,
-        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused
-        with a ``ValueError`` that says what differs.
+        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused.
+
+        Raises:
+            CheckpointError: (a ``ValueError``) the file is empty, truncated, corrupt, crafted
+                (its tables break the memory's invariants) or of another configuration; the
+                message names the file and what is wrong.
+            FileNotFoundError: there is no file at ``path``.
         """
         path = os.fspath(path)
-        try:
-            archive = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, zipfile.BadZipFile) as err:
-            raise ValueError(f"{path!r} is not a readable ReplayMemory checkpoint: {err}") from err
-        with archive:
-            if 'meta' not in archive.files:
-                raise ValueError(f"{path!r} is not a ReplayMemory checkpoint (no metadata)")
-            import ast
-            meta = ast.literal_eval(bytes(archive['meta']).decode())
-            if meta.get('version') != _CHECKPOINT_VERSION:
-                raise ValueError(f"{path!r}: unsupported checkpoint version {meta.get('version')}")
-            expected = dict(max_size=max_size, history_len=history_len,
-                            state_shape=None if state_shape is None else tuple(state_shape),
-                            dtype=None if dtype is None else np.dtype(dtype).str)
-            wrong = [f"{k}: checkpoint has {meta[k]!r}, expected {v!r}"
-                     for k, v in expected.items() if v is not None and meta[k] != v]
-            if wrong:
-                raise ValueError(f"checkpoint {path!r} does not match this memory: " + "; ".join(wrong))
-            mem = cls(meta['max_size'], meta['state_shape'], meta['history_len'],
-                      meta['dtype'], block_size=meta['block_size'])
-            for name in cls._SAVED_ARRAYS:
-                saved = archive[name.lstrip('_')]
-                target = getattr(mem, name)
-                if saved.shape != target.shape or saved.dtype != target.dtype:
-                    raise ValueError(f"checkpoint {path!r} is corrupt: array {name.lstrip('_')} "
-                                     f"has shape {saved.shape} {saved.dtype}, expected "
-                                     f"{target.shape} {target.dtype}")
-                setattr(mem, name, saved)
-            mem._free = collections.deque(int(b) for b in archive['free'])
-            mem._retired = collections.deque(int(b) for b in archive['retired'])
-        mem._block_state[list(mem._retired)] = _RETIRED
-        mem._num_valid = int(meta['num_valid'])
-        mem._num_steps_written = int(meta['num_steps_written'])
-        return mem
+        expected = dict(
+            max_size=None if max_size is None else check_int(max_size, 'max_size', 1,
+                                                             allow_float=True),
+            history_len=None if history_len is None else check_int(history_len, 'history_len', 1,
+                                                                   allow_float=True),
+            state_shape=None if state_shape is None else check_shape(state_shape, 'state_shape'),
+            dtype=None if dtype is None else check_dtype(dtype, 'dtype').str)
+        return _checkpoint.load(cls, path, expected)
 
 
 class BatchWriter:
@@ -530,12 +487,13 @@ class BatchWriter:
         """Start a new episode in each of ``lanes`` with its first observation ``frames[j]``.
 
         An episode still open in such a lane is abandoned: its steps so far stay sampleable.
-        ``checked=True`` skips the frame check (the caller ran :func:`as_frames` itself).
+        ``checked=True`` skips the frame check (the caller ran :func:`check_frames` itself).
         """
         mem = self.memory
         lanes = self._lanes(lanes)
         if not checked:
-            frames = as_frames(frames, len(lanes), mem.state_shape, mem.dtype, 'frames')
+            frames = _batch(check_frames(frames, mem.state_shape, mem.dtype, 'frames'), len(lanes),
+                            'frames', ndim=2)
         slots = self._slots(lanes)
         mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
         with mem._lock:
@@ -562,11 +520,12 @@ class BatchWriter:
             if (cur < 0).any():
                 raise RuntimeError(f"add_steps: lanes {lanes[cur < 0].tolist()} are outside an episode: "
                                    "start_episodes(lanes, frames) with the reset observations first")
-            actions = check_actions(actions, n, 'actions')
-            rewards = check_rewards(rewards, n, 'rewards')
-            next_frames = as_frames(next_frames, n, mem.state_shape, mem.dtype, 'next_frames')
-            terminated = _bool_array(terminated, n, 'terminated')
-            truncated = _bool_array(truncated, n, 'truncated')
+            actions = _batch(check_actions(actions, 'actions'), n, 'actions')
+            rewards = _batch(check_rewards(rewards, 'rewards'), n, 'rewards')
+            next_frames = _batch(check_frames(next_frames, mem.state_shape, mem.dtype, 'next_frames'),
+                                 n, 'next_frames', ndim=2)
+            terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
+            truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
         ended = terminated | truncated
         any_end = ended.any()
         if any_end:
@@ -746,122 +705,180 @@ class LaneWriter:
     def _check_obs(self, obs, name):
         return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
 
-    _check_action = staticmethod(lambda action: check_action(action))
-    _check_reward = staticmethod(lambda reward: check_reward(reward))
+    @staticmethod
+    def _check_action(action, name='action'):
+        """One action as an int (the rule of :func:`check_actions`, for one value)."""
+        if isinstance(action, np.ndarray) and action.ndim == 0:
+            action = action[()]
+        if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
+            raise TypeError(f"{name} must be an integer, got {action!r} ({type(action).__name__})")
+        if not _INT32_MIN <= int(action) <= _INT32_MAX:
+            raise ValueError(f"{name} {action} does not fit int32")
+        return int(action)
 
-
-# ---------------------------------------------------------------------------------- input rules
-# One rule per field, in a scalar and a vectorized form, shared by every write path and by the
-# runners (which check an observation before the env's next step, so that a bad one is an
-# environment error and not a half-written step).
-_F32_MAX = float(np.finfo(np.float32).max)
-
-
-def check_action(action, name='action'):
-    if isinstance(action, np.ndarray) and action.ndim == 0:
-        action = action[()]
-    if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {action!r} ({type(action).__name__})")
-    if not -2**31 <= int(action) < 2**31:
-        raise ValueError(f"{name} {action} does not fit int32")
-    return int(action)
-
-
-def check_reward(reward, name='reward'):
-    if isinstance(reward, (str, bytes)):
-        raise TypeError(f"{name} must be a real number, got {reward!r}")
-    try:
+    @staticmethod
+    def _check_reward(reward, name='reward'):
+        """One reward as a float that float32 holds (the rule of :func:`check_rewards`)."""
+        if isinstance(reward, np.ndarray) and reward.ndim == 0:
+            reward = reward[()]
+        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {reward!r} ({type(reward).__name__})")
         value = float(reward)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be a real number, got {reward!r}") from None
-    if not math.isfinite(value) or abs(value) > _F32_MAX:
-        raise ValueError(f"{name} must be finite and fit float32, got {reward!r}")
-    return value
+        if not -_FLOAT32_MAX <= value <= _FLOAT32_MAX:   # NaN fails both comparisons
+            raise ValueError(_reward_error(name, value))
+        return value
 
 
-def _vector(values, n, name):
-    arr = np.asarray(values)
-    if arr.shape != (n,):
-        raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
+def _batch(arr, n, name, ndim=1):
+    """``arr``, refused unless it holds one value (one frame: ``ndim`` > 1) per lane."""
+    if arr.shape[:1] != (n,) or (ndim == 1 and arr.ndim != 1):
+        raise ValueError(f"{name} has shape {arr.shape}: expected one per lane of the call ({n})")
     return arr
 
 
-def check_actions(actions, n, name='actions'):
-    """``actions`` as an int32 array of ``n`` integers."""
-    arr = _vector(actions, n, name)
+# The rules of what may enter the memory. Each has a one-value form (used per step by the
+# writers) and a vectorized form (for batch writers); both raise the same errors.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
+
+
+def _reward_error(name, value):
+    return (f"{name} must be finite and at most {_FLOAT32_MAX:.4g} in magnitude (rewards are "
+            f"stored as float32), got {value!r}")
+
+
+def check_rewards(rewards, name='rewards'):
+    """``rewards`` (any shape) as float32, refusing non-numbers, NaN, inf and values beyond
+    float32's range (which it would store as inf)."""
+    arr = np.asarray(rewards)
+    if arr.dtype.kind not in 'iuf':
+        raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if arr.dtype.kind == 'f':
+        with np.errstate(invalid='ignore'):
+            bad = ~(np.abs(arr) <= _FLOAT32_MAX)
+        if bad.any():
+            index = np.unravel_index(int(np.argmax(bad)), arr.shape)
+            raise ValueError(_reward_error(f"{name}[{', '.join(map(str, index))}]",
+                                           float(arr[index])))
+    return arr.astype(np.float32)
+
+
+def check_actions(actions, name='actions'):
+    """``actions`` (any shape) as int32, refusing non-integer dtypes and values beyond int32."""
+    arr = np.asarray(actions)
     if arr.dtype.kind not in 'iu':
         raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
-    if n and (arr.min() < -2**31 or arr.max() >= 2**31):
-        raise ValueError(f"{name} has values outside int32")
-    return arr.astype(np.int32, copy=False)
+    if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
+        raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not fit int32")
+    return arr.astype(np.int32)
 
 
-def check_rewards(rewards, n, name='rewards'):
-    """``rewards`` as a float32 array of ``n`` finite numbers (that fit float32)."""
-    arr = _vector(rewards, n, name)
-    if arr.dtype.kind not in 'biuf':
-        raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
-    if arr.dtype.kind == 'f' and n and not (np.isfinite(arr).all() and np.abs(arr).max() <= _F32_MAX):
-        raise ValueError(f"{name} must be finite and fit float32, got {arr[~(np.abs(arr) <= _F32_MAX)][:3]}")
-    return arr.astype(np.float32, copy=False)
-
-
-def _bool_array(values, n, name):
-    arr = np.asarray(values)
-    if arr.shape != (n,) or arr.dtype != np.bool_:
-        raise TypeError(f"{name} must be a bool array of shape ({n},), got {arr.dtype} {arr.shape}")
+def check_flags(flags, name):
+    """``flags`` (e.g. ``terminated`` of a batch) as a bool array; other dtypes are refused
+    (as :func:`~expreplay._checks.check_bool` refuses 'no', 1.0 or NaN for one value)."""
+    arr = np.asarray(flags)
+    if arr.dtype != np.bool_:
+        raise TypeError(f"{name} must be bools, got dtype {arr.dtype}")
     return arr
 
 
-def as_frames(frames, n, state_shape, dtype, name):
-    """``frames`` as ``(n, *state_shape)`` storable as ``dtype``: :func:`as_frame` for a batch."""
-    arr = np.asarray(frames)
-    if arr.shape != (n,) + state_shape:
-        raise ValueError(f"{name} has shape {arr.shape}, expected {(n,) + state_shape}")
-    return _storable(arr, dtype, name)
+def _unstorable(arr, dtype):
+    """Why ``arr`` can not be stored as ``dtype`` exactly: None, or (flat index or None, reason).
+
+    Integers must fit (no wrap-around), bools hold 0 and 1 only, a float memory takes finite
+    values within its range and integers it represents exactly (float32 rounds 2**40 + 1);
+    float to int is lossy by kind. Rounding float64 fractions into float32 is accepted: it is
+    what a float32 memory is for.
+    """
+    src = arr.dtype
+    if src.kind not in 'biuf':
+        return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
+    if dtype.kind in 'iu':
+        if src.kind == 'f':
+            return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
+        if src.kind in 'iu' and arr.size and src != dtype:
+            info = np.iinfo(dtype)
+            bad = (arr < info.min) | (arr > info.max)
+            if bad.any():
+                return int(np.argmax(bad)), (f"has values in [{arr.min()}, {arr.max()}] that do "
+                                             f"not fit the memory dtype {dtype}")
+        return None
+    if dtype.kind == 'b':
+        if src.kind == 'f':
+            return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
+        if src.kind in 'iu':
+            bad = (arr != 0) & (arr != 1)
+            if bad.any():
+                k = int(np.argmax(bad))
+                return k, f"holds {arr.flat[k]}: a bool memory takes 0 and 1 only"
+        return None
+    # A float memory.
+    info = np.finfo(dtype)
+    if src.kind == 'f':
+        if src == dtype and np.isfinite(arr).all():
+            return None
+        with np.errstate(invalid='ignore', over='ignore'):
+            bad = ~(np.abs(arr) <= info.max)
+        if bad.any():
+            k = int(np.argmax(bad))
+            v = float(arr.flat[k])
+            what = ('a NaN' if math.isnan(v) else 'an inf' if math.isinf(v)
+                    else f"{v:g}, beyond the range of {dtype}")
+            return k, f"holds {what}, which can not be stored as {dtype}: frames must be finite"
+        return None
+    if src.kind in 'iu' and src.itemsize * 8 > info.nmant + 1:
+        # Exact iff the odd part of |v| has at most nmant + 1 bits (int64 fits float32's range).
+        limit = 2 ** (info.nmant + 1)
+        big = (arr > limit) | (arr < -limit)
+        if big.any():
+            v = arr[big]
+            u = v.astype(np.uint64) if src.kind == 'u' else \
+                np.where(v < 0, -v.astype(np.int64), v.astype(np.int64)).view(np.uint64)
+            odd = u // (u & (~u + np.uint64(1)))
+            inexact = odd >= np.uint64(limit)
+            if inexact.any():
+                k = int(np.flatnonzero(big.reshape(-1))[int(np.argmax(inexact))])
+                return k, (f"holds the integer {arr.flat[k]}, which {dtype} can not represent "
+                           "exactly (use a wider float dtype or an integer memory)")
+    return None
 
 
 def as_frame(obs, state_shape, dtype, name):
     """``obs`` as an array of ``state_shape`` that can be stored as ``dtype`` without loss.
 
-    Raises ValueError (wrong shape, values out of range or not finite) or TypeError (a lossy
-    dtype, e.g. float to int), naming ``name``. Shared by the writers and the runners' frame
-    format, so one rule decides what may enter the memory.
+    Raises ValueError (wrong shape, values out of range: integer overflow, NaN or inf or
+    beyond the range of a float memory, integers a float dtype would round) or TypeError (a
+    lossy dtype, e.g. float to int), naming ``name``. Shared by the writers and the runners'
+    frame format, so one rule decides what may enter the memory (:func:`check_frames` is its
+    batch form).
     """
     arr = np.asarray(obs)
     if arr.shape != state_shape:
         raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {state_shape}")
-    return _storable(arr, dtype, name)
+    problem = _unstorable(arr, dtype)
+    if problem is not None:
+        raise (TypeError if problem[0] is None else ValueError)(f"{name} {problem[1]}")
+    return arr
 
 
-def _storable(arr, dtype, name):
-    src = arr.dtype
-    if dtype.kind == 'f':
-        if src.kind not in 'biuf':
-            raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype}")
-        if src.kind == 'f':
-            if arr.size and not np.isfinite(arr).all():
-                raise ValueError(f"{name} holds NaN or infinite values")
-            if src.itemsize > dtype.itemsize and arr.size \
-                    and np.abs(arr).max() > float(np.finfo(dtype).max):
-                raise ValueError(f"{name} has values beyond the range of the memory dtype {dtype}")
-        elif src.kind in 'iu' and src.itemsize * 8 > np.finfo(dtype).nmant + 1 and arr.size:
-            # Integers past the float's mantissa would be rounded: refuse the ones that are.
-            if (arr.astype(dtype).astype(src) != arr).any():
-                raise ValueError(f"{name} has integers that {dtype} can not hold exactly")
-        return arr
-    if src == dtype:
-        return arr
-    if dtype.kind in 'iub' and src.kind in 'iub':
-        # Integer to integer: allowed when every value fits (no silent wrap-around).
-        info = np.iinfo(dtype) if dtype.kind != 'b' else None
-        if arr.size and info is not None and (arr.min() < info.min or arr.max() > info.max):
-            raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not "
-                             f"fit the memory dtype {dtype}")
-        if dtype.kind == 'b' and arr.size and not np.isin(arr, (0, 1)).all():
-            raise ValueError(f"{name} has values other than 0 and 1 for a bool memory")
-        return arr
-    raise TypeError(f"{name} has dtype {src}, which can not be stored as {dtype} without losing data")
+def check_frames(frames, state_shape, dtype, name):
+    """A batch of frames ``(n, *state_shape)`` that can be stored as ``dtype`` without loss.
+
+    The rule of :func:`as_frame` for many frames at once; an error names the first bad frame
+    (``name[i]``).
+    """
+    arr = np.asarray(frames)
+    if arr.shape[1:] != tuple(state_shape) or arr.ndim != len(state_shape) + 1:
+        raise ValueError(f"{name} has shape {arr.shape}, expected (n, *state_shape) with "
+                         f"state_shape {tuple(state_shape)}")
+    problem = _unstorable(arr, dtype)
+    if problem is not None:
+        index, reason = problem
+        if index is None:
+            raise TypeError(f"{name} {reason}")
+        frame_size = max(1, int(np.prod(state_shape)))
+        raise ValueError(f"{name}[{index // frame_size}] {reason}")
+    return arr
 
 
 def _integers(rng, high, size):

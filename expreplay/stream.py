@@ -36,10 +36,11 @@ many batches behind the stream: the ratio holds, but the environments run up to
 import logging
 import os
 import threading
-import time
 
 import numpy as np
 
+from ._checks import (check_callable, check_choice, check_dtype, check_int, check_probability,
+                      check_seed, check_shape)
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeTotals
 from .memory import ReplayMemory
 
@@ -106,12 +107,10 @@ class MemoryCheckpoint:
         return memory
 
     def save(self, memory):
-        """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames)."""
+        """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames, and
+        logs where, how big, how long). Returns the file's size in bytes."""
         os.makedirs(self.directory, exist_ok=True)
-        start = time.monotonic()
-        memory.save(self.path)
-        logger.info("Saved the replay memory (%d transitions) to %s in %.1f s.",
-                    len(memory), self.path, time.monotonic() - start)
+        return memory.save(self.path)
 
 
 def _default_progress(total, desc):
@@ -261,34 +260,36 @@ class ReplayStream:
                  layout='NHWC', checkpoint_dir=None, memory=None, progress=True,
                  runner_kwargs=None, manager_kwargs=None, episode_starts=None,
                  episode_log_dir=None, on_episode_end=None):
-        if not callable(get_player):
-            raise TypeError(f"get_player must be a callable returning an environment, got {get_player!r}")
-        self.get_player = get_player
-        self.num_parallel_players = _int_at_least(num_parallel_players, 'num_parallel_players', 1)
-        self.batch_size = _int_at_least(batch_size, 'batch_size', 1)
-        self.memory_size = _int_at_least(memory_size, 'memory_size', 1)
-        self.init_memory_size = _int_at_least(init_memory_size, 'init_memory_size', 0)
-        self.update_frequency = _int_at_least(update_frequency, 'update_frequency', 1)
-        self.history_len = _int_at_least(history_len, 'history_len', 1)
+        self.get_player = check_callable(get_player, 'get_player')
+        check_callable(predictor, 'predictor', allow_none=True)
+        # Sizes take whole floats (tensorpack's DQN.py passes memory_size=1e6), as ReplayMemory.
+        self.num_parallel_players = check_int(num_parallel_players, 'num_parallel_players', 1,
+                                              allow_float=True)
+        self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        self.memory_size = check_int(memory_size, 'memory_size', 1, allow_float=True)
+        self.init_memory_size = check_int(init_memory_size, 'init_memory_size', 0, allow_float=True)
+        self.update_frequency = check_int(update_frequency, 'update_frequency', 1, allow_float=True)
+        self.history_len = check_int(history_len, 'history_len', 1, allow_float=True)
         if max(self.init_memory_size, self.batch_size) > self.memory_size:
             raise ValueError(f"init_memory_size ({self.init_memory_size}) and batch_size "
                              f"({self.batch_size}) must not exceed memory_size ({self.memory_size})")
         if maximum_staleness is None:
             maximum_staleness = 2 * self.update_frequency    # as the reference
-        self.maximum_staleness = _int_at_least(maximum_staleness, 'maximum_staleness', 1)
-        if layout not in ('NHWC', 'NCHW'):
-            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
-        self.layout = layout
-        self.state_shape = tuple(state_shape)
-        self.state_dtype = np.dtype(state_dtype)
-        self.exploration = exploration
-        self.seed = seed
+        self.maximum_staleness = check_int(maximum_staleness, 'maximum_staleness', 1,
+                                           allow_float=True)
+        self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        self.state_shape = check_shape(state_shape, 'state_shape')
+        self.state_dtype = check_dtype(state_dtype, 'state_dtype')
+        self.exploration = exploration           # checked by the property
+        self.seed = check_seed(seed, 'seed')
+        if not (progress is None or isinstance(progress, bool) or callable(progress)):
+            raise TypeError(f"progress must be True, False or a callable progress(total, desc), "
+                            f"got {progress!r}")
         self._rng = np.random.default_rng(seed)
         self._runner_kwargs = dict(runner_kwargs or {})
         if episode_starts is not None and self._runner_kwargs.get('episode_starts') is not None:
             raise ValueError("episode_starts is given twice (also in runner_kwargs)")
-        if on_episode_end is not None and not callable(on_episode_end):
-            raise TypeError(f"on_episode_end must be callable, got {on_episode_end!r}")
+        check_callable(on_episode_end, 'on_episode_end', allow_none=True)
         runner_starts = self._runner_kwargs.pop('episode_starts', None)
         # `is None`, not `or`: a scheduler may define __len__ (an empty RestartPool is falsy).
         self.episode_starts = episode_starts if episode_starts is not None else runner_starts
@@ -316,6 +317,15 @@ class ReplayStream:
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
+
+    @property
+    def exploration(self):
+        """Epsilon of the runners; assign it to change it (the next step request carries it)."""
+        return self._exploration
+
+    @exploration.setter
+    def exploration(self, value):
+        self._exploration = check_probability(value, 'exploration')
 
     # ------------------------------------------------------------------ predictor
     @property
@@ -528,14 +538,3 @@ class ReplayStream:
             raise RuntimeError("no checkpoint_dir was given")
         self.checkpoint.save(self.memory)
 
-
-def _int_at_least(value, name, minimum):
-    try:
-        as_int = int(value)
-    except (TypeError, ValueError):
-        raise TypeError(f"{name} must be an integer, got {value!r}") from None
-    if as_int != value:
-        raise ValueError(f"{name} must be a whole number, got {value!r}")
-    if as_int < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-    return as_int

@@ -12,6 +12,7 @@ imported*. Importing this module sets it when TensorFlow is not imported yet, an
 fix when TensorFlow was already imported without it.
 """
 
+import logging
 import numbers
 import os
 import sys
@@ -54,9 +55,31 @@ from tensorpack.dataflow.base import DataFlow, DataFlowTerminated  # noqa: E402
 from tensorpack.utils import logger  # noqa: E402
 from tensorpack.utils.utils import get_tqdm  # noqa: E402
 
+from ._checks import check_int  # noqa: E402
 from .stream import ReplayStream  # noqa: E402
 
 __all__ = ['ExpReplay']
+
+
+class _ToTensorpackLog(logging.Handler):
+    """Shows expreplay's own log records (checkpoint saves and loads, restarts) in tensorpack's
+    log, where a tensorpack user looks; not when the application set up logging itself (the
+    root logger has handlers), which then shows them as it chose."""
+
+    def emit(self, record):
+        if not logging.getLogger().handlers:
+            logging.getLogger('tensorpack').handle(record)
+
+
+def _show_expreplay_log_in_tensorpack():
+    package_logger = logging.getLogger('expreplay')
+    if not any(isinstance(h, _ToTensorpackLog) for h in package_logger.handlers):
+        package_logger.addHandler(_ToTensorpackLog())
+        if package_logger.level == logging.NOTSET:
+            package_logger.setLevel(logging.INFO)
+
+
+_show_expreplay_log_in_tensorpack()
 
 
 def _tensorpack_progress(total, desc):
@@ -151,14 +174,16 @@ class ExpReplay(DataFlow, Callback):
             predictor, self.predictor_io_names = predictor_io_names, None
         else:
             predictor, self.predictor_io_names = None, predictor_io_names
-            inputs, outputs = predictor_io_names   # fail here, not in the middle of setup
-            del inputs, outputs
-        if checkpoint_every_k_epochs is not None and checkpoint_dir is None:
-            raise ValueError("checkpoint_every_k_epochs needs a checkpoint_dir")
+            # Fail here, not in the middle of the trainer's setup.
+            if isinstance(predictor_io_names, (str, bytes)) or \
+                    not isinstance(predictor_io_names, (tuple, list)) or len(predictor_io_names) != 2:
+                raise ValueError("predictor_io_names must be (input names, output names), e.g. "
+                                 f"(['state'], ['Qvalue']), or a callable; got {predictor_io_names!r}")
         if checkpoint_every_k_epochs is not None:
-            checkpoint_every_k_epochs = int(checkpoint_every_k_epochs)
-            if checkpoint_every_k_epochs < 1:
-                raise ValueError(f"checkpoint_every_k_epochs must be >= 1, got {checkpoint_every_k_epochs}")
+            if checkpoint_dir is None:
+                raise ValueError("checkpoint_every_k_epochs needs a checkpoint_dir")
+            checkpoint_every_k_epochs = check_int(checkpoint_every_k_epochs,
+                                                  'checkpoint_every_k_epochs', 1, allow_float=True)
         self.checkpoint_every_k_epochs = checkpoint_every_k_epochs
         # At the end of training, waiting for a simulator thread to finish its env step or
         # predictor call is cheap, and a thread left running would call a closed Session.

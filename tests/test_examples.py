@@ -7,8 +7,10 @@ smoke runs: a few dozen training steps on a tiny memory, then eval and play from
 import csv
 import os
 import re
+import signal
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -66,6 +68,101 @@ def test_atari_train_eval_play_smoke(tmp_path):
     assert video.stat().st_size > 1000, out
 
 
+def interrupt_example(tmp_path, script, args, marker, times=1):
+    """Run an example as a user does, press Ctrl-C (SIGINT) once ``marker`` was printed
+    ``times`` times; returns (exit code, stdout, stderr)."""
+    env = dict(os.environ, TF_USE_LEGACY_KERAS='1', PYTHONUNBUFFERED='1',
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
+    env.pop('TF_CPP_MIN_LOG_LEVEL', None)          # as a user runs it: the example quiets TF
+    with open(tmp_path / 'stderr', 'w+') as err:
+        proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, script), *map(str, args)],
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+        out = []
+        try:
+            for line in proc.stdout:
+                out.append(line)
+                if sum(marker in seen for seen in out) == times:
+                    break
+            assert proc.poll() is None, ''.join(out)
+            proc.send_signal(signal.SIGINT)
+            rest, _ = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        err.seek(0)
+        return proc.returncode, ''.join(out) + rest, err.read()
+
+
+def assert_stopped_cleanly(code, out, err):
+    assert code == 130, (out[-3000:], err[-3000:])
+    assert 'Traceback' not in out + err and 'leaked' not in err, err[-3000:]
+    [line] = [line for line in out.splitlines() if line.startswith('Interrupted:')]
+    assert 'training stopped, environments closed' in line
+    # TensorFlow's start-up noise is not shown.
+    assert 'cuda drivers' not in err and 'absl::InitializeLog' not in err, err[:3000]
+    assert 'freeze_variables' not in out, out[:5000]
+    return line
+
+
+@pytest.mark.timeout(600)
+def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
+    """Ctrl-C in the middle of training: no traceback, no "nanobind: leaked ... ALEInterface",
+    one line saying what is saved where; the memory is saved (complete, no temp file left)."""
+    logdir = tmp_path / 'pong'
+    line = assert_stopped_cleanly(*interrupt_example(
+        tmp_path, 'dqn_atari.py', [*ATARI_SMOKE, '--logdir', logdir, '--players', 2,
+                                   '--max-epoch', 1000, '--eval-every', 0], 'Start Epoch 2'))
+    assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
+    assert 'continue with --resume' in line
+    files = os.listdir(logdir)
+    assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
+
+
+@pytest.mark.timeout(600)
+def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
+    logdir = tmp_path / 'cartpole'
+    line = assert_stopped_cleanly(*interrupt_example(
+        tmp_path, 'dqn_cartpole.py', ['--logdir', logdir, '--eval-every', 500, '--eval-episodes', 2],
+        'greedy mean score', times=2))      # the first evaluation has saved its weights by then
+    assert f'the best weights so far are in {logdir}' in line, line
+
+
+def test_progress_log_reports_agent_steps_games_and_epsilon():
+    """The Atari example's ProgressLog: a line `first` seconds into the training, then every
+    `every` seconds, nothing in between."""
+    import logging
+
+    from dqn_model import ProgressLog
+
+    clock = types.SimpleNamespace(now=100.0)
+    mem = types.SimpleNamespace(num_steps_written=1000)
+    stream = types.SimpleNamespace(stats=lambda: dict(games=3, mean_score=-20.3, max_score=-19.0))
+    replay = types.SimpleNamespace(mem=mem, stream=stream, exploration=0.95)
+    cb = ProgressLog(replay, every=30, first=10, clock=lambda: clock.now)
+    cb.trainer = types.SimpleNamespace(global_step=250, epoch_num=1)
+    cb._before_train()
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    tp_logger = logging.getLogger('tensorpack')     # tensorpack's logger does not propagate
+    tp_logger.addHandler(handler)
+    try:
+        cb._trigger_step()                 # the first training step (the fill is over): t = 0
+        for now, steps, expect in [(109.0, 1500, 0), (110.0, 1800, 1), (139.0, 2000, 1),
+                                   (140.0, 4200, 2), (169.9, 4300, 2), (170.0, 4400, 3)]:
+            clock.now, mem.num_steps_written = now, steps
+            cb._trigger_step()
+            assert len(records) == expect, (now, [r.getMessage() for r in records])
+    finally:
+        tp_logger.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert lines[0] == ("progress: 1800 agent steps (80/s), training step 250, epoch 1: 3 games "
+                        "finished this epoch, mean score -20.3 (max -19), epsilon 0.950")
+    assert lines[1].startswith("progress: 4200 agent steps (80/s)")
+    assert lines[2].startswith("progress: 4400 agent steps (7/s)")
+
+
 @pytest.mark.timeout(600)
 def test_atari_vector_env_and_resume_smoke(tmp_path):
     logdir = tmp_path / 'pong'
@@ -119,26 +216,58 @@ def test_evaluator_stacks_history_like_the_memory():
 
 
 # ------------------------------------------------------------------------------- tune_staleness
-def test_tune_staleness_tiny_sweep(tmp_path, capsys):
+def test_tune_staleness_tiny_sweep(tmp_path, capsys, monkeypatch):
+    """Output into --out-dir only; one player measured once (no queue: staleness can not
+    matter); the spread of the rounds in the CSV and on the plot; whole column headers; the
+    recommendation marked on the plot."""
     import tune_staleness
+    cwd = tmp_path / 'cwd'
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     out = tmp_path / 'sweep'
     rows, rec = tune_staleness.main(['--env', 'cheap', '--env-ms', '0.2', '--predictor', 'numpy',
-                                     '--players', '1', '3', '--staleness', '1', '4',
+                                     '--players', '1', '3', '--staleness', '1', '4', '--rounds', '2',
                                      '--train-ms', '1', '--seconds', '0.4', '--warmup', '0.1',
-                                     '--init-memory-size', '100', '--out', str(out)])
+                                     '--init-memory-size', '100', '--out-dir', str(out)])
     text = capsys.readouterr().out
+    assert os.listdir(cwd) == []
+    assert sorted(os.listdir(out)) == ['staleness.csv', 'staleness.png', 'staleness_rounds.csv']
     assert 'recommendation: num_parallel_players=' in text
-    with open(f'{out}.csv') as f:
+    assert '1 player is stepped inline (no queue): measured once' in text
+    header = next(line.split() for line in text.splitlines() if line.split()[:1] == ['round'])
+    for name in ('players', 'maximum_staleness', 'steps_per_sec', 'update_lag_mean',
+                 'request_lag_max', 'mean_inference_batch'):
+        assert name in header, header
+    with open(out / 'staleness.csv') as f:
         table = list(csv.DictReader(f))
-    assert [(int(r['players']), int(r['maximum_staleness'])) for r in table] == [(1, 1), (1, 4), (3, 1), (3, 4)]
+    assert [(r['players'], r['maximum_staleness']) for r in table] == [('1', 'any'), ('3', '1'), ('3', '4')]
+    with open(out / 'staleness_rounds.csv') as f:
+        rounds = list(csv.DictReader(f))
+    assert len(rounds) == 2 * 3 and sorted({r['round'] for r in rounds}) == ['0', '1']
     for r in table:
-        assert float(r['steps_per_sec']) > 0
-        # The manager's guarantee: a step starts with at most maximum_staleness - 1 newer requests queued.
-        assert int(r['request_lag_max']) <= int(r['maximum_staleness']) - 1
+        assert int(r['rounds']) == 2
+        assert 0 < float(r['steps_per_sec_min']) <= float(r['steps_per_sec']) <= float(r['steps_per_sec_max'])
+        mine = [float(x['steps_per_sec']) for x in rounds
+                if (x['players'], x['maximum_staleness']) == (r['players'], r['maximum_staleness'])]
+        assert min(mine) == pytest.approx(float(r['steps_per_sec_min']))
+        assert max(mine) == pytest.approx(float(r['steps_per_sec_max']))
+        if r['maximum_staleness'] != 'any':
+            # The manager's guarantee: a step starts with at most maximum_staleness - 1 newer requests queued.
+            assert int(r['request_lag_max']) <= int(r['maximum_staleness']) - 1
     assert (int(table[0]['request_lag_max']), int(table[0]['update_lag_max'])) == (0, 0)  # inline: no lag
-    png = open(f'{out}.png', 'rb').read()
+    png = open(out / 'staleness.png', 'rb').read()
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 20_000
-    assert (rec['players'], rec['maximum_staleness']) in {(1, 1), (1, 4), (3, 1), (3, 4)}
+    assert (rec['players'], rec['maximum_staleness']) in {(1, None), (3, 1), (3, 4)}
+    fig = tune_staleness.plot(rows, out / 'again.png', 'title', rec)
+    marks = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert len(marks) == 2 and all(m.startswith('recommended') for m in marks), marks
+    bars = [c for ax in fig.axes for c in ax.containers]
+    assert bars, "the spread of the rounds is drawn as error bars"
+
+
+def test_tune_staleness_writes_under_train_log_by_default():
+    import tune_staleness
+    assert tune_staleness.parse_args([]).out_dir == os.path.join('train_log', 'tune_staleness')
 
 
 def test_tune_staleness_help_explains_every_flag():

@@ -231,8 +231,11 @@ def test_exploration_schedule_reaches_the_runners(tmp_path, stderr_clean):
     assert errors == [] and threads == []
 
 
-def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean):
+def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, monkeypatch):
     ckpt = tmp_path / 'replay'
+    # As in a script that did not set up logging (pytest puts its capture handlers on the root
+    # logger; with handlers there, expreplay leaves its records to them).
+    monkeypatch.setattr(logging.getLogger(), 'handlers', [])
     factory = EnvFactory()
     first = make_expreplay(factory, checkpoint_dir=str(ckpt), checkpoint_every_k_epochs=1,
                            init_memory_size=600)
@@ -240,6 +243,10 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean):
     probe = Probe(lambda cb: saved_in_epoch.append(MemoryCheckpoint(ckpt).exists()))
     train(tmp_path / 'run1', simple_config(first, TinyDQN((6,)), probe, max_epoch=2))
     assert saved_in_epoch == [True, True]         # saved every epoch, before the end too
+    # Each save is shown in tensorpack's log: where, how big, how long.
+    log = (tmp_path / 'run1' / 'log' / 'log.log').read_text()
+    saves = [line for line in log.splitlines() if 'Saved the replay memory' in line]
+    assert len(saves) >= 2 and all(str(ckpt) in line and 'KB in ' in line for line in saves), log
     saved = len(first.mem)
     assert saved >= 600 and first.stream.fill_steps > 0
 
@@ -438,3 +445,22 @@ def test_sets_the_variable_or_warns_about_a_conflicting_one(monkeypatch):
     monkeypatch.setenv('TF_USE_LEGACY_KERAS', '0')
     with pytest.warns(RuntimeWarning, match='Unset it or set it to 1'):
         _ensure_legacy_keras()
+
+
+# ------------------------------------------------------------------------------- arguments
+def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
+    """Whole-float sizes (DQN.py's 1e6) are accepted; other bad values are refused by name."""
+    factory = EnvFactory(episode_lengths=(50,))
+    replay = make_expreplay(factory, memory_size=1e4, init_memory_size=1e3, batch_size=16.0)
+    assert (replay.stream.memory_size, replay.stream.init_memory_size) == (10_000, 1000)
+    bad = [(dict(memory_size=float('inf')), ValueError, 'memory_size'),
+           (dict(batch_size=True), TypeError, 'batch_size'),
+           (dict(seed='abc'), TypeError, 'seed'),
+           (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=1.5), ValueError,
+            'checkpoint_every_k_epochs'),
+           (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=True), TypeError,
+            'checkpoint_every_k_epochs'),
+           (dict(predictor_io_names='state'), ValueError, 'predictor_io_names')]
+    for kwargs, error, match in bad:
+        with pytest.raises(error, match=match):
+            make_expreplay(factory, **kwargs)
