@@ -68,8 +68,8 @@ def build_parser():
                    help="values of num_parallel_players to try (a single player is stepped inline in "
                         "the learner's thread: no queue, no lag)")
     p.add_argument('--simulator-threads', default='auto', choices=['auto', 'one', 'per-player'],
-                   help="auto (as ExpReplay): one pipelined thread for single envs, one thread per "
-                        "player with --vector; 'one' / 'per-player' force either")
+                   help="auto (the manager's default): one pipelined thread for single envs, one "
+                        "thread per player with --vector; 'one' / 'per-player' force either")
     p.add_argument('--staleness', type=int, nargs='+', default=[1, 2, 4, 8, 16],
                    help='values of maximum_staleness to try (step requests allowed to be pending)')
     p.add_argument('--predictor', choices=['auto', 'nature', 'mlp', 'numpy'], default='auto',
@@ -206,27 +206,32 @@ class LagProbe:
                 self.update_lags.append(self.version - self.issue_version[k])
 
 
-class ProbedRunner(EnvRunner):
-    """An EnvRunner that tells the probe when it starts a requested step."""
+class Probed:
+    """A player that tells the probe when it starts a requested step (its env step)."""
 
-    def __init__(self, *args, probe, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.probe = probe
+    def __init__(self, player, probe):
+        self._player, self._probe = player, probe
 
-    def begin_step(self, exploration):
-        self.probe.start()
-        return super().begin_step(exploration)
+    def __getattr__(self, name):
+        return getattr(self._player, name)
+
+    def reset(self, **kwargs):
+        return self._player.reset(**kwargs)
+
+    def step(self, action):
+        self._probe.start()
+        return self._player.step(action)
 
 
 def measure(args, make_player, frame_shape, dtype, history, predictor, players, staleness):
     """Run one combination; returns a dict of figures."""
     memory = ReplayMemory(args.memory_size, frame_shape, history, dtype)
     probe = LagProbe()
-    runners = [ProbedRunner(make_player(), predictor, memory, history, seed=args.seed, index=i, probe=probe)
-               for i in range(players)]
+    runners = [EnvRunner(Probed(make_player(), probe), predictor, memory, history, seed=args.seed,
+                         index=i) for i in range(players)]
     rng = np.random.default_rng(args.seed)
-    one = args.simulator_threads == 'one' or (args.simulator_threads == 'auto' and not args.vector)
-    with EnvRunnerManager(runners, staleness, simulator_threads=1 if one else None) as manager:
+    threads = {'auto': None, 'one': 1, 'per-player': players}[args.simulator_threads]
+    with EnvRunnerManager(runners, staleness, simulator_threads=threads) as manager:
         # Fill with the measuring epsilon, so that the predictor is warm too.
         while memory.num_steps_written < max(args.init_memory_size, args.batch_size):
             probe.issue()

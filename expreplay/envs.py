@@ -36,7 +36,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ._gather import gather_history
-from .memory import as_frame, as_frames
+from .memory import as_frame, check_frames
 
 __all__ = ['Results', 'EnvAdapter', 'SingleEnvAdapter', 'VectorEnvAdapter', 'AsyncVectorAdapter',
            'adapt_env', 'FrameFormat', 'FrameHistory', 'NO_LIVES']
@@ -590,7 +590,9 @@ class FrameFormat:
         arr = np.asarray(obs)
         if arr.shape[1:] != self.state_shape and arr.size == n * self._size:
             arr = arr.reshape((n,) + self.state_shape)
-        return as_frames(arr, n, self.state_shape, self.dtype, 'player observations').astype(
+        if len(arr) != n:
+            raise ValueError(f"player observations: {len(arr)} for {n} sub-environments")
+        return check_frames(arr, self.state_shape, self.dtype, 'player observations').astype(
             self.dtype, copy=False)
 
 
