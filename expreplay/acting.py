@@ -503,7 +503,9 @@ class ActingGroup:
         if self._finished:
             self._emit_records()
         # Only now reset finished envs: a reset failure must not lose a step already taken.
-        for k in members:
+        if self._open[lanes].all():
+            return failures
+        for k in members.tolist():
             if not self.runners[k].needs_reset and not self._open[self.runner_lanes[k]].all():
                 try:
                     self._reset_finished(k)
