@@ -205,6 +205,8 @@ class InferenceThread:
             self.rows += len(part)
             self.max_rows_seen = max(self.max_rows_seen, len(part))
         q = chunks[0] if len(chunks) == 1 else np.concatenate(chunks)
+        if len(batch) == 1:
+            return [q]
         return np.split(q, np.cumsum([len(p.states) for p in batch])[:-1])
 
     def close(self):
