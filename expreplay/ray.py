@@ -130,7 +130,7 @@ class _EnvHost:
 
     def spec(self):
         if self.error is not None:
-            raise EnvBuildError(f"make_env failed: {type(self.error).__name__}: {self.error}") from self.error
+            raise self.error        # the original: the driver chains its own error to it
         return dict(obs_space=self.obs_space, act_space=self.act_space, pid=os.getpid(),
                     host=socket.gethostname(), node=ray.get_runtime_context().get_node_id(),
                     token=self.token)
@@ -257,7 +257,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"num_cpus_per_actor must be > 0, got {num_cpus_per_actor!r}")
         self.max_restarts = check_int(max_restarts, 'max_restarts', 0)
         self.step_timeout = check_timeout(step_timeout, 'step_timeout')
-        start_timeout = check_timeout(start_timeout, 'start_timeout')
+        self.start_timeout = start_timeout = check_timeout(start_timeout, 'start_timeout')
         if placement not in _PLACEMENTS:
             raise ValueError(f"placement must be one of {_PLACEMENTS}, got {placement!r}")
         self.placement = placement
@@ -289,7 +289,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 except RayTaskError as exc:
                     cause = exc.cause if isinstance(getattr(exc, 'cause', None), BaseException) else exc
                     raise EnvBuildError(f"RayVectorEnv: make_env failed in actor {i} (envs "
-                                        f"{i * k}..{i * k + k - 1}): {cause}") from cause
+                                        f"{i * k}..{i * k + k - 1}): {type(cause).__name__}: {cause}") from cause
                 except RayActorError as exc:      # e.g. make_env could not be unpickled there
                     raise EnvBuildError(f"RayVectorEnv: actor {i} (envs {i * k}..{i * k + k - 1}) "
                                         f"failed to start: {exc}") from exc
@@ -390,16 +390,18 @@ class RayVectorEnv(gym.vector.VectorEnv):
         return result, restarted
 
     def _deadline(self, actor):
-        return (actor.lost_at if actor.recovering else actor.sent_at) + self.step_timeout
+        # Coming back from a death is a process start and a make_env: start_timeout's kind of wait.
+        if actor.recovering:
+            return actor.lost_at + self.start_timeout
+        return actor.sent_at + self.step_timeout
 
     def _expire(self, now):
         """Treat every actor past its deadline (an answer, or its return after a death) as dead."""
-        if self.step_timeout is None:
-            return
         for actor in list(self._by_ref.values()):
             if now > self._deadline(actor):
-                what = "come back after a death" if actor.recovering else "answer"
-                self._lose(actor, GetTimeoutError(f"did not {what} within step_timeout={self.step_timeout} s"))
+                what = (f"come back after a death within start_timeout={self.start_timeout} s" if actor.recovering
+                        else f"answer within step_timeout={self.step_timeout} s")
+                self._lose(actor, GetTimeoutError(f"did not {what}"))
 
     def _wait(self, wanted, want_all):
         """Results of ready actors among ``wanted``: [(actor, result, restarted)] (at least one)."""
@@ -408,10 +410,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
             refs = [a.ref for a in wanted if a.ref is not None]
             if not refs:
                 return out
-            timeout = None
-            if self.step_timeout is not None:
-                soonest = min(self._deadline(a) for a in wanted if a.ref is not None)
-                timeout = max(0.0, soonest - time.perf_counter()) + 1e-3
+            soonest = min(self._deadline(a) for a in wanted if a.ref is not None)
+            timeout = None if math.isinf(soonest) else max(0.0, soonest - time.perf_counter()) + 1e-3
             t0 = time.perf_counter()
             ready, _ = ray.wait(refs, num_returns=len(refs) if want_all else 1, timeout=timeout)
             if ready and not want_all and len(refs) > 1:    # and whatever else is ready by now
@@ -484,8 +484,8 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def async_reset(self, seed=None, options=None):
         """Start a reset of every env (see :meth:`reset`); the observations come from :meth:`recv`."""
         self._check_open()
-        if self._by_ref:
-            raise RuntimeError("async_reset with requests in flight: recv() their results first")
+        if self._by_ref:      # results in flight are of episodes this reset ends: drop them
+            self._wait([a for a in self._actors if a.ref is not None], want_all=True)
         for actor, seeds in zip(self._actors, self._seeds(seed)):
             self._submit(actor, 'reset', seeds)
 
