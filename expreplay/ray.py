@@ -234,10 +234,14 @@ class RayVectorEnv(gym.vector.VectorEnv):
             nodes, as far as they go), ``'STRICT_SPREAD'``, ``'PACK'`` or ``'STRICT_PACK'``.
         start_timeout (float): seconds to wait for the placement group and the actors to come up.
 
-    Ray: if Ray is not initialised, the constructor calls ``ray.init()`` with the environment's
-    ``RAY_ADDRESS`` if set (a running cluster), else a local instance with
-    ``include_dashboard=False`` and all the machine's CPUs. Call ``ray.init(address=...)`` first to
-    choose. Ray is never shut down by this class.
+    Ray: if Ray is not initialised, the constructor calls ``ray.init(include_dashboard=False)``,
+    which follows Ray's own rules (``RAY_ADDRESS`` if set, else a cluster started with ``ray
+    start`` on this machine, else a new local instance with all its CPUs). Call
+    ``ray.init(address=...)`` (or ``ray.init(num_cpus=...)``) first to choose. This class never
+    shuts Ray down. The machines running actors must be able to import ``expreplay`` and
+    whatever ``make_env`` needs (install them there, or pass a ``runtime_env`` to ``ray.init``).
+
+    One thread drives it (as any env): the calls are not thread-safe.
 
     Attributes: ``actor_restarts`` (int, all actors), ``is_async = True``, ``num_actors``,
     ``envs_per_actor``; :meth:`stats` reports the traffic.
@@ -263,7 +267,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self.placement = placement
         self.num_envs = self.num_actors * self.envs_per_actor
         if not ray.is_initialized():
-            ray.init(address=os.environ.get('RAY_ADDRESS'), include_dashboard=False)
+            ray.init(include_dashboard=False)
 
         n, k = self.num_actors, self.envs_per_actor
         self._closed = False
@@ -298,8 +302,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
                                        f"start_timeout={start_timeout} s") from exc
                 self._actors[i] = _Actor(i, handles[i], spec)
             spec0 = ray.get(specs[0])
-            for i in range(1, n):
-                spec = ray.get(specs[i])
+            for i, spec in enumerate(ray.get(specs[1:]), 1):
                 if spec['obs_space'] != spec0['obs_space'] or spec['act_space'] != spec0['act_space']:
                     raise EnvBuildError(f"RayVectorEnv: actor {i}'s envs have spaces {spec['obs_space']}, "
                                         f"{spec['act_space']}; actor 0's: {spec0['obs_space']}, "
@@ -315,8 +318,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self.render_mode = None
         self.closed = False
         self.actor_restarts = 0
-        self._by_ref = {}
-        self._restarted_pending = set()     # actors whose next result is a restart's reset
+        self._by_ref = {}             # pending request -> its actor
         self._stats = dict(results=0, env_steps=0, bytes=0, compute=0.0, round_trip=0.0,
                            in_flight_sum=0, recv_calls=0, wait=0.0)
 
@@ -593,9 +595,6 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 pass
             self._pg = None
         self._by_ref = {}
-
-    def __del__(self):
-        pass     # actors are killed by close() (or die with the driver): no Ray call at interpreter exit
 
     def __repr__(self):
         return (f"RayVectorEnv({self.num_actors} actors x {self.envs_per_actor} envs, "

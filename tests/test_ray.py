@@ -32,6 +32,7 @@ GEN = 10000                    # episodes of build g are numbered from GEN * g (
 LENGTHS = (5, 3, 8)
 ENDS = ('terminated', 'truncated')
 H = 3
+LIFE_EVERY = 4                 # with lives=3 an episode (<= 8 steps) never runs out of lives
 TESTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(TESTS)
 
@@ -92,8 +93,9 @@ class MakeScripted:
     ``vector`` envs (make_env then gets the actor's first index).
     """
 
-    def __init__(self, build_dir, hang_at=None, fail_at=None, vector=0, fail_build=False):
+    def __init__(self, build_dir, hang_at=None, fail_at=None, vector=0, fail_build=False, lives=None):
         self.build_dir = str(build_dir)
+        self.lives = lives
         self.hang_at, self.fail_at = hang_at or {}, fail_at or {}
         self.vector = vector
         self.fail_build = fail_build
@@ -104,7 +106,7 @@ class MakeScripted:
         gen = _claim_generation(self.build_dir, index)
         hook = functools.partial(_hang_hook, self.hang_at[gen]) if gen in self.hang_at else None
         env = ScriptedEnv(index, episode_lengths=LENGTHS, ends=ENDS, step_hook=hook,
-                          fail_at_step=self.fail_at.get(gen))
+                          fail_at_step=self.fail_at.get(gen), lives=self.lives, life_every=LIFE_EVERY)
         env.episode = GEN * gen - 1          # its first reset starts episode GEN * gen
         return env
 
@@ -129,8 +131,9 @@ class Oracle:
 class Truth:
     """Checks every result the driver receives against the script, as it arrives."""
 
-    def __init__(self, num_envs):
+    def __init__(self, num_envs, lives=None):
         self.n = num_envs
+        self.lives = lives                # the envs' starting lives, when they report lives
         self.ep = [None] * num_envs
         self.t = [0] * num_envs
         self.ended = [False] * num_envs
@@ -147,6 +150,7 @@ class Truth:
             want_ep = 0 if self.ep[i] is None else self.ep[i] + 1
             assert got == (i, want_ep, 0), f"env {i}: reset gave {got}, expected {(i, want_ep, 0)}"
             self.ep[i], self.t[i], self.ended[i] = want_ep, 0, False
+            self._check_lives(i, k, info)
 
     def _restart(self, i, got):
         assert got[0] == i and got[2] == 0 and got[1] % GEN == 0, f"env {i}: restart gave {got}"
@@ -178,6 +182,12 @@ class Truth:
                 self.envs[i].transitions[(ep, t)] = (a, float(reward[k]), bool(term[k]), bool(trunc[k]), None)
                 self.t[i], self.ended[i] = t + 1, bool(term[k] or trunc[k])
                 self.delivered += 1
+            self._check_lives(i, k, info)
+
+    def _check_lives(self, i, k, info):
+        if self.lives is not None:
+            assert info['_lives'][k] and info['lives'][k] == self.lives - self.t[i] // LIFE_EVERY, \
+                (i, self.ep[i], self.t[i], info['lives'][k])
 
 
 class Recorder(gym.vector.VectorWrapper):
@@ -273,7 +283,7 @@ class AsyncDriver:
 
 
 def scripted_env(tmp_path, num_actors, envs_per_actor, **kw):
-    make_kw = {k: kw.pop(k) for k in ('hang_at', 'fail_at', 'vector', 'fail_build') if k in kw}
+    make_kw = {k: kw.pop(k) for k in ('hang_at', 'fail_at', 'vector', 'fail_build', 'lives') if k in kw}
     return RayVectorEnv(MakeScripted(tmp_path, **make_kw), num_actors, envs_per_actor, **kw)
 
 
@@ -284,14 +294,17 @@ def actor_pids_gone(pids):
 # ------------------------------------------------------------------------------ tests
 @pytest.mark.parametrize('vector', [False, True], ids=['envs', 'vector-env'])
 def test_sync_api_every_step_checked(local_ray, tmp_path, vector):
-    env = scripted_env(tmp_path, 2, 3, vector=3 if vector else 0, step_timeout=30)
+    # The vector-env variant's envs report lives (batched by gymnasium with an '_lives' mask).
+    lives = 3 if vector else None
+    env = scripted_env(tmp_path, 2, 3, vector=3 if vector else 0, lives=lives, step_timeout=30)
     try:
         assert isinstance(env, gym.vector.VectorEnv) and env.num_envs == 6
         assert env.metadata['autoreset_mode'] == gym.vector.AutoresetMode.NEXT_STEP
         assert env.single_observation_space == gym.spaces.Box(0, 255, (6,), np.uint8)
         assert env.observation_space.shape == (6, 6) and env.action_space.shape == (6,)
-        truth = Truth(6)
+        truth = Truth(6, lives=lives)
         obs, info = env.reset(seed=7)
+        assert ('lives' in info) == vector
         assert obs.dtype == np.uint8 and obs.shape == (6, 6)
         truth.reset(range(6), obs, info)
         rng = np.random.default_rng(0)
