@@ -157,15 +157,19 @@ def train(args, num_actions):
         # One player whose envs live in Ray actors (on this machine or a cluster's nodes). The
         # actors build their envs with atari_wrappers.make_env, shipped by value: the nodes need
         # expreplay[ray,atari] installed, not this examples directory.
-        import functools
-
         import atari_wrappers
         import ray
         ray.cloudpickle.register_pickle_by_value(atari_wrappers)
         if not ray.is_initialized():
             ray.init(address=args.ray_address, include_dashboard=False)
         envs = args.ray_actors * args.envs_per_actor
-        make = functools.partial(make_env, args.env, sticky=args.sticky, max_episode_steps=None)
+        env_id, sticky = args.env, args.sticky
+
+        def make():              # runs in the actor, where nothing has registered the ALE envs yet
+            import ale_py
+            import gymnasium
+            gymnasium.register_envs(ale_py)
+            return make_env(env_id, sticky=sticky, max_episode_steps=None)
 
         def player():
             return expreplay.RayVectorEnv(make, args.ray_actors, args.envs_per_actor)

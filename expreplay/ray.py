@@ -81,6 +81,21 @@ def _is_vector(env):
         hasattr(env, 'num_envs') and hasattr(env, 'single_action_space'))
 
 
+class _Packet:
+    """A request's or a result's arrays, wrapped so that Ray pickles them (protocol 5, the arrays'
+    buffers out of band) rather than msgpack: tensorpack patches msgpack with msgpack_numpy in any
+    process that imports it, which would encode bare numpy arrays as dicts that an unpatched peer
+    can not read."""
+
+    __slots__ = ('value',)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __reduce__(self):
+        return _Packet, (self.value,)
+
+
 class _EnvHost:
     """The envs of one actor and their NEXT_STEP autoreset; runs inside the actor process.
 
@@ -157,15 +172,19 @@ class _EnvHost:
             lives = self._lives([r[1] for r in results])
         self.ended[:] = False
         z = np.zeros(self.n, bool)
-        return (self.token, np.asarray(obs, self.dtype), np.zeros(self.n, np.float32), z, z, lives,
-                time.perf_counter() - t0)
+        return _Packet((self.token, np.asarray(obs, self.dtype), np.zeros(self.n, np.float32), z, z, lives,
+                        time.perf_counter() - t0))
 
     def step(self, actions):
+        actions = actions.value
         if self.error is not None:
             self.spec()
+        if not isinstance(actions, np.ndarray) or actions.shape[:1] != (self.n,):
+            raise ValueError(f"actions must be an array of {self.n} actions, got {type(actions).__name__} "
+                             f"{getattr(actions, 'shape', '')}: {actions!r:.200}")
         t0 = time.perf_counter()
         if self.vector is not None:
-            obs, reward, term, trunc, info = self.vector.step(np.asarray(actions))
+            obs, reward, term, trunc, info = self.vector.step(actions)
             lives = info.get('lives') if isinstance(info, dict) else None
             lives = None if lives is None else np.asarray(lives, np.int64)
             obs = np.asarray(obs, self.dtype)
@@ -187,7 +206,7 @@ class _EnvHost:
                 obs[j] = o
                 infos.append(info)
             lives = self._lives(infos)
-        return self.token, obs, reward, term, trunc, lives, time.perf_counter() - t0
+        return _Packet((self.token, obs, reward, term, trunc, lives, time.perf_counter() - t0))
 
     def close(self):
         for env in self.envs or [self.vector]:
@@ -290,10 +309,9 @@ class RayVectorEnv(gym.vector.VectorEnv):
             for i, ref in enumerate(specs):
                 try:
                     spec = ray.get(ref, timeout=None if math.isinf(start_timeout) else start_timeout)
-                except RayTaskError as exc:
-                    cause = exc.cause if isinstance(getattr(exc, 'cause', None), BaseException) else exc
+                except RayTaskError as exc:   # chained to Ray's error: it carries the actor's traceback
                     raise EnvBuildError(f"RayVectorEnv: make_env failed in actor {i} (envs "
-                                        f"{i * k}..{i * k + k - 1}): {type(cause).__name__}: {cause}") from cause
+                                        f"{i * k}..{i * k + k - 1}): {_describe(exc)}") from exc
                 except RayActorError as exc:      # e.g. make_env could not be unpickled there
                     raise EnvBuildError(f"RayVectorEnv: actor {i} (envs {i * k}..{i * k + k - 1}) "
                                         f"failed to start: {exc}") from exc
@@ -350,7 +368,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def _fail(self, actor, exc, why):
         err = ActorFailedError(f"RayVectorEnv: actor {actor.index} (envs {actor.index * self.envs_per_actor}.."
                                f"{(actor.index + 1) * self.envs_per_actor - 1}, pid {actor.pid} on "
-                               f"{actor.host}) {why}: {type(exc).__name__}: {exc}", actor.index)
+                               f"{actor.host}) {why}: {_describe(exc)}", actor.index)
         actor.error = err
         raise err from exc
 
@@ -360,7 +378,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         self._by_ref.pop(ref, None)
         actor.ref = None
         try:
-            result = ray.get(ref)
+            result = ray.get(ref).value
         except ActorDiedError as exc:
             # Dead for good: Ray's restart budget is spent (or it was killed without restart).
             self._fail(actor, exc, "died and will not be restarted (Ray's max_restarts="
@@ -372,8 +390,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
                 self._lose(actor, exc)
             return None
         except RayTaskError as exc:           # its env (or make_env, on a restart) raised
-            cause = exc.cause if isinstance(getattr(exc, 'cause', None), BaseException) else exc
-            self._lose(actor, cause)
+            self._lose(actor, exc)
             return None
         token = result[0]
         if token in actor.dead_tokens:        # answered by the incarnation we gave up on
@@ -530,7 +547,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
                                    "whose previous request is still in flight: recv() it first")
         per = actions.reshape((len(actors), k) + actions.shape[1:])
         for a, act in zip(actors, per):
-            self._submit(a, 'step', np.ascontiguousarray(act))
+            self._submit(a, 'step', _Packet(np.ascontiguousarray(act)))
 
     # ------------------------------------------------------------------ the rest
     def stats(self):
@@ -599,6 +616,14 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def __repr__(self):
         return (f"RayVectorEnv({self.num_actors} actors x {self.envs_per_actor} envs, "
                 f"{self.placement}, restarts={getattr(self, 'actor_restarts', 0)})")
+
+
+def _describe(exc):
+    """``Type: message`` of an error; for an error raised inside an actor, of the original one
+    (Ray's error, the one chained, also shows the actor's traceback)."""
+    if isinstance(exc, RayTaskError) and isinstance(getattr(exc, 'cause', None), BaseException):
+        exc = exc.cause
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _wait_pids_gone(pids, deadline):

@@ -348,6 +348,23 @@ def test_async_api_keeps_actors_in_flight_and_every_step_checked(local_ray, tmp_
         env.close()
 
 
+def test_numpy_patched_msgpack_in_the_driver(local_ray, tmp_path, monkeypatch):
+    """tensorpack runs msgpack_numpy.patch() on import; Ray serialises through msgpack."""
+    import msgpack
+    msgpack_numpy = pytest.importorskip('msgpack_numpy')
+    for name in ('Packer', 'Unpacker', 'load', 'loads', 'dump', 'dumps', 'pack', 'packb', 'unpack', 'unpackb'):
+        monkeypatch.setattr(msgpack, name, getattr(msgpack_numpy, name if name[0].islower() else name))
+    env = scripted_env(tmp_path, 1, 2, step_timeout=30)
+    truth = Truth(2)
+    try:
+        truth.reset(range(2), *env.reset())
+        for a in ([1, 2], [0, 1], [2, 2]):
+            truth.step(range(2), np.array(a), *env.step(np.array(a)))
+        assert truth.delivered == 6
+    finally:
+        env.close()
+
+
 def test_env_runner_end_to_end_sync_path(local_ray, tmp_path):
     """The current acting layer takes RayVectorEnv as a NEXT_STEP vector env."""
     env = scripted_env(tmp_path, 2, 2, step_timeout=30)
