@@ -379,11 +379,12 @@ class RayVectorEnv(gym.vector.VectorEnv):
         actor.ref = None
         try:
             result = ray.get(ref).value
-        except ActorDiedError as exc:
-            # Dead for good: Ray's restart budget is spent (or it was killed without restart).
-            self._fail(actor, exc, "died and will not be restarted (Ray's max_restarts="
-                       f"{self.max_restarts} spent)")
-        except RayActorError as exc:          # unavailable: it died and Ray is restarting it
+        except RayActorError as exc:
+            # Died (ActorDiedError: while running this task, or for good; ActorUnavailableError:
+            # Ray is restarting it). Only Ray's actor table tells "for good" apart.
+            if isinstance(exc, ActorDiedError) and _actor_state(actor.handle) == 'DEAD':
+                self._fail(actor, exc, "died and will not be restarted (Ray's max_restarts="
+                           f"{self.max_restarts} spent)")
             if actor.recovering:              # the same death, seen again: ask its next incarnation
                 self._submit(actor, 'reset', None)
             else:
@@ -616,6 +617,19 @@ class RayVectorEnv(gym.vector.VectorEnv):
     def __repr__(self):
         return (f"RayVectorEnv({self.num_actors} actors x {self.envs_per_actor} envs, "
                 f"{self.placement}, restarts={getattr(self, 'actor_restarts', 0)})")
+
+
+def _actor_state(handle):
+    """Ray's actor-table state of ``handle`` ('ALIVE', 'RESTARTING', 'DEAD', ...), or None.
+
+    Ray has no public call for it without the dashboard; the GCS actor table behind
+    ``ray._private.state`` answers on any cluster (Ray is pinned to 2.60 by the extra).
+    """
+    try:
+        from ray._private import state
+        return state.actors(actor_id=handle._actor_id.hex()).get('State')
+    except Exception:
+        return None
 
 
 def _describe(exc):

@@ -442,6 +442,23 @@ def test_sync_step_reports_a_restart(local_ray, tmp_path):
         env.close()
 
 
+def test_death_past_max_restarts_raises_naming_the_actor(local_ray, tmp_path):
+    env = scripted_env(tmp_path, 2, 1, step_timeout=30, max_restarts=0)
+    try:
+        env.reset()
+        pids = env.actor_pids()
+        os.kill(pids[1][1], signal.SIGKILL)
+        with pytest.raises(ActorFailedError, match='actor 1 ') as ei:
+            for _ in range(3):
+                env.step(np.zeros(2, int))
+        assert ei.value.actor == 1
+        assert isinstance(ei.value.__cause__, ray.exceptions.RayActorError)
+        assert env.actor_restarts == 0
+    finally:
+        env.close()
+    assert actor_pids_gone(pids)
+
+
 def test_hang_is_a_death_and_a_crash_past_the_budget_raises_chained(local_ray, tmp_path):
     # Build 0 of actor 0's envs hangs at its 4th step; build 1 raises at its 2nd.
     env = scripted_env(tmp_path, 2, 1, step_timeout=1.0, max_restarts=1,
