@@ -84,6 +84,54 @@ def run(players, predictor, memory, staleness, exploration, warmup, seconds, ray
     return (w1 - w0) / (t1 - t0), traffic
 
 
+def run_async(env, predictor, memory, exploration, warmup, seconds, seed=0):
+    """A bare learner loop over the async API (recv -> one forward pass for the envs received ->
+    epsilon-greedy -> memory -> send), as an acting layer driving send/recv would run it: what
+    the transport gives with actors kept in flight. Returns (steps/s, traffic)."""
+    rng = np.random.default_rng(seed)
+    n = env.num_envs
+    hist = np.zeros((n,) + FRAME + (HISTORY,), np.uint8)
+    writers = [memory.new_writer() for _ in range(n)]
+    actions = np.zeros(n, np.int64)
+    starting = np.ones(n, bool)
+    num_actions = env.single_action_space.n
+    env.async_reset()
+    t_end_warm = time.perf_counter() + warmup
+    measuring, w0, t0, s0 = False, 0, 0.0, None
+    while True:
+        now = time.perf_counter()
+        if not measuring and now >= t_end_warm:
+            measuring, w0, t0, s0 = True, memory.num_steps_written, now, env.stats()
+        elif measuring and now >= t0 + seconds:
+            break
+        obs, reward, term, trunc, info = env.recv()
+        ids = info['env_id']
+        new = starting[ids] | info['restarted']
+        for k, i in enumerate(ids):
+            if new[k]:
+                writers[i].start_episode(obs[k])
+                hist[i] = 0
+            else:
+                writers[i].add_step(actions[i], reward[k], obs[k], term[k], trunc[k])
+            hist[i, ..., :-1] = hist[i, ..., 1:]
+            hist[i, ..., -1] = obs[k]
+        starting[ids] = term | trunc
+        q = predictor(hist[ids])[0]
+        act = np.argmax(q, axis=1)
+        explore = rng.random(len(ids)) < exploration
+        act[explore] = rng.integers(0, num_actions, int(explore.sum()))
+        actions[ids] = act
+        env.send(act, ids)
+    w1, t1, s1 = memory.num_steps_written, time.perf_counter(), env.stats()
+    for w in writers:
+        w.close()
+    d = {k: s1[k] - s0[k] for k in ('env_steps', 'bytes', 'round_trip', 'compute')}
+    m = max(d['env_steps'], 1)
+    return (w1 - w0) / (t1 - t0), dict(bytes_per_step=d['bytes'] / m, rtt_ms=d['round_trip'] / m * 1e3,
+                                       overhead_ms=(d['round_trip'] - d['compute']) / m * 1e3,
+                                       in_flight=d['round_trip'] / (t1 - t0), restarts=env.actor_restarts)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -120,13 +168,18 @@ def main():
         two = [RayVectorEnv(make_pong(args.sticky), 1, 4) for _ in range(2)]
         envs = [one] + two
         print(f"actors up in {time.perf_counter() - t:.1f} s", flush=True)
-        configs = [('in-process 8x1', singles, ()), ('ray 1x(2x4)', [one], [one]), ('ray 2x(1x4)', two, two)]
+        configs = [('in-process 8x1', singles, ()), ('ray 1x(2x4)', [one], [one]), ('ray 2x(1x4)', two, two),
+                   ('ray async 2x4', None, [one])]
         res = {name: [] for name, _, _ in configs}
         for rnd in range(args.repeats):
             line = []
             for name, players, ray_envs in configs:
-                rate, traffic = run(players, predictor, memory, args.staleness, args.exploration,
-                                    args.warmup, args.seconds, ray_envs)
+                if players is None:
+                    rate, traffic = run_async(one, predictor, memory, args.exploration, args.warmup,
+                                              args.seconds, seed=rnd)
+                else:
+                    rate, traffic = run(players, predictor, memory, args.staleness, args.exploration,
+                                        args.warmup, args.seconds, ray_envs)
                 res[name].append((rate, traffic))
                 line.append(f"{name}: {rate:.0f}")
             print(f"round {rnd + 1}/{args.repeats} (load {load1():.2f}): " + '   '.join(line), flush=True)
@@ -135,7 +188,7 @@ def main():
         print(f"{'configuration':>16} {'steps/s':>8} {'vs in-process':>14} {'bytes/step':>11} "
               f"{'ms/step rtt':>12} {'ms/step ovh':>12} {'in flight':>10}")
         ok = False
-        for name, _, ray_envs in configs:
+        for name, players, ray_envs in configs:
             rates = [r for r, _ in res[name]]
             ratio = med([r / b for (r, _), (b, _) in zip(res[name], res['in-process 8x1'])])
             row = f"{name:>16} {med(rates):>8.0f} {ratio:>14.2f}"
@@ -143,11 +196,12 @@ def main():
                 tr = [t for _, t in res[name]]
                 row += (f" {med([t['bytes_per_step'] for t in tr]):>11.0f} {med([t['rtt_ms'] for t in tr]):>12.3f}"
                         f" {med([t['overhead_ms'] for t in tr]):>12.3f} {med([t['in_flight'] for t in tr]):>10.2f}")
-                ok = ok or ratio >= 0.8
+                ok = ok or (players is not None and ratio >= 0.8)   # the product's acting path
             print(row)
         restarts = sum(e.actor_restarts for e in envs)
         print(f"\nin-process median {base:.0f} steps/s; actor restarts during the run: {restarts}")
-        print(f"target (issue 12): Ray actors >= 0.80x the in-process population: {'PASS' if ok else 'FAIL'}")
+        print(f"target (issue 12): Ray actors through EnvRunner >= 0.80x the in-process population: "
+              f"{'PASS' if ok else 'FAIL'}")
         return 0 if ok else 1
     finally:
         for e in envs:
