@@ -263,12 +263,13 @@ class AsyncDriver:
         obs, reward, term, trunc, info = self.env.recv()
         ids = info['env_id']
         self.recvs.append(ids)
+        # One recv may bring several actors: some answering async_reset, others a step.
         fresh = self.awaiting_reset[ids]
-        assert fresh.all() or not fresh.any(), "envs answered a reset and a step in one result"
-        if fresh.all():
-            self.truth.reset(ids, obs, info)
-        else:
-            self.truth.step(ids, self.actions[ids], obs, reward, term, trunc, info)
+        if fresh.any():
+            self.truth.reset(ids[fresh], obs[fresh], _select(info, fresh))
+        if not fresh.all():
+            s = ~fresh
+            self.truth.step(ids[s], self.actions[ids[s]], obs[s], reward[s], term[s], trunc[s], _select(info, s))
         self.awaiting_reset[ids] = False
         starting = self.starting[ids] | info['restarted']
         for k, i in enumerate(ids):
@@ -280,6 +281,11 @@ class AsyncDriver:
         self.starting[ids] = term | trunc
         self.actions[ids] = self.rng.integers(0, 3, len(ids))
         self.env.send(self.actions[ids], ids)
+
+
+def _select(info, mask):
+    """The per-env entries of a batched info for the envs in ``mask``."""
+    return {k: v[mask] if isinstance(v, np.ndarray) and len(v) == len(mask) else v for k, v in info.items()}
 
 
 def scripted_env(tmp_path, num_actors, envs_per_actor, **kw):
