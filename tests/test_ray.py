@@ -347,7 +347,7 @@ def test_async_api_keeps_actors_in_flight_and_every_step_checked(local_ray, tmp_
         n = check_batch(mem.sample_batch(64, rng=np.random.default_rng(2)), drv.truth.envs, H)
         assert n == 64
         with pytest.raises(RuntimeError, match='in flight'):
-            env.send(np.zeros(2, int), drv.recvs[-1])           # already sent by the driver
+            env.send(np.zeros(len(drv.recvs[-1]), int), drv.recvs[-1])   # already sent by the driver
         with pytest.raises(ValueError, match='whole actors'):
             env.send(np.zeros(1, int), [1])
     finally:
