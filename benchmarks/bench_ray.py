@@ -157,7 +157,7 @@ def main():
     print(f"bench_ray: Pong {FRAME[0]}x{FRAME[1]} grayscale, frameskip 4, history {HISTORY}, Nature CNN "
           f"on the learner (TF threads: {args.tf_threads or 'default'}); exploration {args.exploration:g}, "
           f"staleness {args.staleness}; {os.cpu_count()} cores; load {load1():.2f}", flush=True)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address='local', num_cpus=4, include_dashboard=False, log_to_driver=False)
     singles, envs = [], []
     try:
         singles = [make_single_env(args.sticky) for _ in range(8)]

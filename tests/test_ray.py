@@ -60,7 +60,8 @@ def local_ray(worker_path):
     if _mode['kind'] != 'local' or not ray.is_initialized():
         if ray.is_initialized():
             ray.shutdown()
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+        # address='local': a new instance of our own, never a cluster another process started here.
+        ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)
         _mode['kind'] = 'local'
     yield
     # Nothing of a test may outlive it: no placement group left (actors are checked per test).
