@@ -7,6 +7,7 @@ ATARI = ['gymnasium>=1.0', 'ale-py>=0.12', 'opencv-python-headless']
 # minari's HDF5 storage needs h5py (its [hdf5] extra) and imports PIL without requiring it;
 # 0.5.4 is the first release that can store uint8 frames losslessly (jpeg_encoding=False).
 MINARI = ['minari[hdf5]>=0.5.4,<0.6', 'pillow']
+RAY = ['ray==2.60.*', 'gymnasium>=1.0']
 TEST = ['pytest>=7', 'pytest-timeout', 'tqdm', 'matplotlib']
 # EnvPool's wheels exist for Python >= 3.11 on Linux; elsewhere the extra installs nothing.
 ENVPOOL = ['envpool>=1.2,<1.3; python_version >= "3.11" and sys_platform == "linux"']
@@ -30,9 +31,10 @@ setup(
         'atari': ATARI,
         'tensorpack': TENSORPACK + ['tqdm'],
         'minari': MINARI,
+        'ray': RAY,
         'test': TEST,
         'envpool': ENVPOOL,
-        'all': ATARI + TENSORPACK + MINARI + ENVPOOL + TEST,
+        'all': ATARI + TENSORPACK + MINARI + RAY + ENVPOOL + TEST,
     },
     license='Apache-2.0',
 )

@@ -5,6 +5,8 @@
     python examples/dqn_atari.py --env ALE/Pong-v5 --memory-size 100000  # fits in ~1 GB of RAM
     python examples/dqn_atari.py --env ALE/Pong-v5 --vector 4            # ale-py's C++ vector env
     python examples/dqn_atari.py --env ALE/Pong-v5 --envpool 8           # EnvPool, asynchronous
+    python examples/dqn_atari.py --env ALE/Pong-v5 --ray-actors 2 --envs-per-actor 4  # envs in Ray actors
+    python examples/dqn_atari.py --ray-actors 8 --envs-per-actor 4 --ray-address HEAD:6379   # a cluster
     python examples/dqn_atari.py --env ALE/Pong-v5 --task eval --load train_log/dqn-pong/checkpoint
     python examples/dqn_atari.py --env ALE/Pong-v5 --task play --load ... --output pong.mp4
 
@@ -83,6 +85,12 @@ def parse_args(argv=None):
     p.add_argument('--envpool', type=int, default=0, metavar='N',
                    help='use one EnvPool of N envs instead (pip install envpool; Python >= 3.11), '
                         'asynchronous: the predictor runs on one half while EnvPool steps the other')
+    p.add_argument('--ray-actors', type=int, default=0, metavar='N',
+                   help='step the envs in N Ray actors (expreplay.RayVectorEnv, one player of N x '
+                        '--envs-per-actor envs); the replay and the CNN stay in this process')
+    p.add_argument('--envs-per-actor', type=int, default=4, metavar='K', help='envs per Ray actor')
+    p.add_argument('--ray-address', metavar='ADDR',
+                   help="a running Ray cluster's address (e.g. head-ip:6379; default: a local Ray)")
     p.add_argument('--maximum-staleness', type=int,
                    help='step requests that may be pending (default 2 x update frequency; see tune_staleness.py)')
     p.add_argument('--no-life-loss', action='store_true',
@@ -161,6 +169,28 @@ def train(args, num_actions):
             return make_envpool(args.env, args.envpool, sticky=args.sticky, seed=args.seed)
         args.players = 1
         requests_per_batch = max(1, round(uf / max(1, args.envpool // 2)))
+    elif args.ray_actors:
+        # One player whose envs live in Ray actors (on this machine or a cluster's nodes). The
+        # actors build their envs with atari_wrappers.make_env, shipped by value: the nodes need
+        # expreplay[ray,atari] installed, not this examples directory.
+        import atari_wrappers
+        import ray
+        ray.cloudpickle.register_pickle_by_value(atari_wrappers)
+        if not ray.is_initialized():
+            ray.init(address=args.ray_address, include_dashboard=False)
+        env_id, sticky = args.env, args.sticky
+
+        def make():              # runs in the actor, where nothing has registered the ALE envs yet
+            import ale_py
+            import gymnasium
+            gymnasium.register_envs(ale_py)
+            return make_env(env_id, sticky=sticky, max_episode_steps=None)
+
+        def player():
+            return expreplay.RayVectorEnv(make, args.ray_actors, args.envs_per_actor)
+        args.players = 1           # all the actors are one player's (one batched forward per step)
+        # Asynchronous: a request receives the envs of the actors that are ready (one or more).
+        requests_per_batch = max(1, round(uf / args.envs_per_actor))
     elif args.vector:
         # One request steps all N sub-envs of one player: request uf/N of them per batch so
         # that a training step still sees about uf new transitions (the replay ratio batch/uf).

@@ -1,7 +1,7 @@
 """expreplay: a threaded experience-replay population module for DQN-family training.
 
 ``import expreplay`` loads numpy only. The tensorpack integration (:class:`ExpReplay`) imports
-TensorFlow and tensorpack when it is first touched.
+TensorFlow and tensorpack when it is first touched; :class:`RayVectorEnv` imports Ray likewise.
 """
 
 import importlib
@@ -28,6 +28,7 @@ _LAZY = {
     'read_episode_log': '.episodes',
     'export_minari': '.minari_io',
     'load_minari': '.minari_io',
+    'RayVectorEnv': '.ray',
 }
 
 __all__ = ['CheckpointError', 'Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
