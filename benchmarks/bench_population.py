@@ -32,7 +32,6 @@ import argparse
 import importlib.util
 import os
 import sys
-import threading
 import time
 
 import numpy as np

@@ -370,7 +370,6 @@ def _read_meta(reader):
 
 
 def _load(cls, reader, expected):
-    path = reader.path
     meta = _read_meta(reader)
     version = meta.get('version')
     if version != VERSION and version not in MISSING_IN_OLD_VERSIONS:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ._checks import check_int, check_probability, check_timeout
 from .acting import ActingGroup
-from .errors import CallTimeout, EnvError, ManagerClosed, PredictorError, RunnerError
+from .errors import CallTimeout, EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 
 __all__ = ['EnvRunnerManager']

@@ -17,7 +17,6 @@ Minari is optional: ``pip install expreplay[minari]``. It is imported when one o
 functions is called, never by ``import expreplay``.
 """
 
-import numbers
 import shutil
 
 import numpy as np
