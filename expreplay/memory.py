@@ -533,8 +533,10 @@ class BatchWriter:
                 | np.uint8(_HAS_ACTION | _VALID)
         else:
             flags = np.uint8(_HAS_ACTION | _VALID)
-        careful = (self._cur_off[lanes] < mem.history_len - 1).any()
         slots = self._slots(lanes)
+        # After _slots: a lane that just took a new block has its current slot in the previous
+        # block now (_cur_off -1), which another writer's claim may evict before we publish.
+        careful = (self._cur_off[lanes] < mem.history_len - 1).any()
         epsteps = self._cur_epstep[lanes] + 1
         mem._frames[slots] = next_frames   # outside the lock (I1, I2)
         with mem._lock:

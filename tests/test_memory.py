@@ -606,3 +606,55 @@ def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
             merged.check_transition(comb, act, rew, over, history_len)
             checked += 1
     assert checked >= 640
+
+
+def test_a_block_change_never_publishes_into_an_evicted_block():
+    """Writers in threads on a memory with barely more blocks than writers, and a sampler
+    holding the lock often, so that a lane's previous block is now and then evicted between its
+    change of block and the publish of the step taken from that block's last slot: that step
+    must be dropped, never written into the block's new owner. Every sampled and every valid
+    transition is checked."""
+    history_len = 4
+    num_lanes = 4
+    mem = ReplayMemory(7 * 16, FRAME_SHAPE, history_len, block_size=16)   # 7 blocks, 4 writers
+    models = [StreamModel() for _ in range(num_lanes)]
+    errors, stop, sampled = [], threading.Event(), []
+
+    def writer(k):
+        try:
+            write_batched_stream(mem, 1, 6000, np.random.default_rng(k), models[k], lane_offset=k)
+        except Exception as err:   # pragma: no cover - reported below
+            errors.append(err)
+
+    def sampler():
+        rng = np.random.default_rng(7)
+        while not stop.is_set():
+            if len(mem) >= 16:
+                sampled.append(mem.sample_batch(16, rng=rng, layout='NCHW'))
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(num_lanes)]
+    s = threading.Thread(target=sampler)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)      # switch threads often: races show up
+    try:
+        s.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        stop.set()
+        s.join(60)
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    merged = StreamModel()
+    for m in models:
+        merged.steps.update(m.steps)
+        merged.ending.update(m.ending)
+    for batch in sampled:
+        for comb, act, rew, over in zip(*batch):
+            merged.check_transition(comb, act, rew, over, history_len)
+    slots, frames, actions, rewards, is_over = all_valid_transitions(mem)
+    assert len(slots) > 0 and len(sampled) > 50
+    for f, a, r, o in zip(frames, actions, rewards, is_over):
+        merged.check_transition(f, a, r, o, history_len)
