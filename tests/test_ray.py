@@ -572,3 +572,68 @@ def test_node_removed_actors_restart_on_the_other(two_nodes, tmp_path):
             check_batch(mem.sample_batch(64, rng=np.random.default_rng(s)), drv.truth.envs, H)
     finally:
         env.close()
+
+
+class AsyncRecorder:
+    """Checks what passes between an EnvRunner and the RayVectorEnv on the async API."""
+
+    def __init__(self, env):
+        self.env, self.truth = env, Truth(env.num_envs)
+        self.actions = np.zeros(env.num_envs, np.int64)
+        self.awaiting_reset = np.ones(env.num_envs, bool)
+        self.restarted_seen = np.zeros(env.num_envs, np.int64)
+
+    def __getattr__(self, name):     # num_envs, spaces, metadata, is_async, actor_restarts, ...
+        return getattr(self.env, name)
+
+    def async_reset(self):
+        self.awaiting_reset[:] = True
+        self.env.async_reset()
+
+    def recv(self):
+        obs, reward, term, trunc, info = out = self.env.recv()
+        ids = info['env_id']
+        fresh = self.awaiting_reset[ids]
+        if fresh.any():
+            self.truth.reset(ids[fresh], obs[fresh], _select(info, fresh))
+        if not fresh.all():
+            s = ~fresh
+            self.truth.step(ids[s], self.actions[ids[s]], obs[s], reward[s], term[s], trunc[s], _select(info, s))
+        self.awaiting_reset[ids] = False
+        self.restarted_seen[ids] += info['restarted']
+        return out
+
+    def send(self, actions, env_id):
+        self.actions[env_id] = actions
+        self.env.send(actions, env_id)
+
+
+def test_env_runner_async_path_through_a_killed_actor_loses_and_tears_nothing(local_ray, tmp_path):
+    """The product's acting layer on the async API: an actor killed mid-run is restarted, its
+    envs start new episodes in the memory, every delivered step is stored and every sample is
+    true (none bootstraps across the restart)."""
+    env = scripted_env(tmp_path, 2, 2, step_timeout=30, max_restarts=2)
+    rec = AsyncRecorder(env)
+    mem = ReplayMemory(400, (6,), H, block_size=8)
+    rng = np.random.default_rng(5)
+    runner = EnvRunner(rec, lambda states: rng.random((len(states), 3)), mem, H, close_player=False)
+    assert runner.is_async
+    try:
+        with EnvRunnerManager([runner], maximum_staleness=1) as mgr:
+            for _ in range(40):
+                mgr.step(0.3)
+            ray.kill(env.actor_handles()[0], no_restart=False)
+            for _ in range(2000):
+                mgr.step(0.3)
+                if rec.restarted_seen[:2].all():
+                    break
+            assert rec.restarted_seen[:2].tolist() == [1, 1] and env.actor_restarts == 1
+            for _ in range(40):
+                mgr.step(0.3)
+            stats = mgr.stats()
+        assert stats['actor_restarts'] == 1
+        assert mem.num_steps_written == rec.truth.delivered == runner.steps
+        b = np.random.default_rng(0)
+        assert sum(check_batch(mem.sample_batch(64, rng=b), rec.truth.envs, H) for _ in range(10)) == 640
+    finally:
+        env.close()
