@@ -53,13 +53,27 @@ import zipfile
 
 import numpy as np
 
+from ._checks import check_bool, check_int, check_probability, check_real
 from ._gather import gather_frames
+from .priority import PriorityIndex
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'as_frame']
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'SampleBatch', 'as_frame']
 
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
 and whether the episode ended with this step (see :meth:`ReplayMemory.append`)."""
+
+SampleBatch = collections.namedtuple(
+    'SampleBatch', ['state', 'action', 'reward', 'next_state', 'discount', 'is_over', 'indices',
+                    'weights'])
+SampleBatch.__doc__ = """A batch from :meth:`ReplayMemory.sample` (n-step, optionally prioritized).
+
+``state`` / ``next_state``: ``history_len`` stacked frames each (layout as asked);
+``action`` int32; ``reward`` float32, the discounted sum of the k <= n rewards taken;
+``discount`` float32, ``gamma ** k``, 0 when the episode terminated within the window (so the
+target is ``reward + discount * max_a Q(next_state, a)``); ``is_over`` bool, terminated within
+the window; ``indices`` int64, opaque tokens for :meth:`ReplayMemory.update_priorities`;
+``weights`` float32 importance weights (all 1 for a uniform memory or ``beta=None``)."""
 
 # Slot flags.
 _VALID = 1        # the transition from this slot can be sampled (I3)
@@ -95,6 +109,12 @@ class ReplayMemory:
         block_size (int, optional): slots per block (see the module docstring). At most
             ``num_blocks - 1`` writers can be active at once; the default gives about 256
             blocks. Larger blocks mean fewer, coarser evictions.
+        prioritized (bool): proportional prioritized replay (Schaul et al.): :meth:`sample`
+            draws each transition with probability ``p_i ** alpha / sum_j p_j ** alpha``, new
+            steps enter at the largest priority given so far (1 to begin with), and the learner
+            feeds new priorities back with :meth:`update_priorities`.
+        alpha (float): priority exponent in [0, 1] (0: uniform).
+        priority_eps (float): added to every priority (> 0), so that none is never drawn.
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
@@ -106,7 +126,14 @@ class ReplayMemory:
 
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
 
-    def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None):
+    def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None,
+                 prioritized=False, alpha=0.6, priority_eps=1e-6):
+        prioritized = check_bool(prioritized, 'prioritized')
+        alpha = check_probability(alpha, 'alpha')
+        priority_eps = check_real(priority_eps, 'priority_eps', minimum=0.0)
+        if priority_eps <= 0:
+            raise ValueError(f"priority_eps must be > 0 (a zero priority would never be "
+                             f"sampled again), got {priority_eps!r}")
         self.max_size = _positive_int(max_size, 'max_size')
         self.history_len = _positive_int(history_len, 'history_len')
         if isinstance(state_shape, numbers.Integral):
@@ -154,6 +181,9 @@ class ReplayMemory:
         self._retired = collections.deque()
         self._num_valid = 0
         self._num_steps_written = 0   # all steps ever added, for statistics
+
+        # Prioritized replay (None: uniform). Its hooks: on_publish, on_evict.
+        self._priorities = PriorityIndex(self.num_slots, alpha, priority_eps) if prioritized else None
 
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()
@@ -232,6 +262,7 @@ class ReplayMemory:
         self._num_valid -= int(np.count_nonzero(flags & _VALID))
         flags[:] = 0
         self._block_fill[block] = 0
+        broken_slots = None
         succ = self._block_next[block]
         if succ >= 0 and self._block_prev[succ] == block:
             self._block_prev_intact[succ] = False
@@ -244,7 +275,10 @@ class ReplayMemory:
             broken = needs & ((self._flags[s_lo:s_lo + n] & _VALID) != 0)
             self._num_valid -= int(np.count_nonzero(broken))
             self._flags[s_lo:s_lo + n][broken] &= ~np.uint8(_VALID)
+            broken_slots = s_lo + np.flatnonzero(broken)
             self._block_prev[succ] = -1
+        if self._priorities is not None:
+            self._priorities.on_evict(lo, lo + self.block_size, broken_slots)
         self._block_prev[block] = -1
         self._block_next[block] = -1
         self._block_state[block] = _FREE
@@ -294,6 +328,151 @@ class ReplayMemory:
             is_over = (self._flags[slots] & _TERMINATED) != 0
         return [comb_state, action, reward, is_over]
 
+    def sample(self, batch_size, *, n_step=1, gamma=0.99, beta=None, layout='NHWC', rng=None):
+        """Sample ``batch_size`` n-step transitions (with replacement) as a :class:`SampleBatch`.
+
+        A transition from the state at step ``t`` sums the rewards of steps ``t .. t + k - 1``
+        (``gamma ** j`` for the j-th), where k is ``n_step``, or fewer when the episode ends
+        sooner or the lane has not written further yet. ``next_state`` is the state at
+        ``t + k``: for an episode that ended in the window, its final observation. ``discount``
+        is ``gamma ** k``, and 0 when the episode *terminated* in the window (a *truncated*
+        end bootstraps from the final observation). The window never leaves the episode, so it
+        never crosses into another episode or another writer's lane.
+
+        Args:
+            batch_size (int): number of transitions.
+            n_step (int): steps summed, >= 1.
+            gamma (float): discount in (0, 1].
+            beta (float, optional): importance-sampling exponent in [0, 1] for a prioritized
+                memory; None gives weights of 1. A uniform memory's weights are always 1.
+            layout: ``'NHWC'`` gives ``state`` and ``next_state`` of shape
+                ``(B, *state_shape, history_len)``; ``'NCHW'`` ``(B, history_len, *state_shape)``.
+            rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
+
+        Raises:
+            ValueError: a bad argument (named), or fewer than ``batch_size`` valid transitions.
+        """
+        batch_size = check_int(batch_size, 'batch_size', minimum=1)
+        n_step = check_int(n_step, 'n_step', minimum=1)
+        gamma = check_real(gamma, 'gamma')
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        if beta is not None:
+            beta = check_probability(beta, 'beta')
+        if layout not in ('NHWC', 'NCHW'):
+            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        rng = self._rng if rng is None else rng
+        prio = self._priorities
+        with self._lock:
+            if self._num_valid < batch_size:
+                raise ValueError(
+                    f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
+                    f"valid transitions and needs at least {batch_size}")
+            if prio is not None:
+                prio.flush(self._flags, _VALID)
+                slots = prio.draw(batch_size, rng)
+                if beta is None:
+                    weights = np.ones(batch_size, np.float32)
+                else:
+                    weights = prio.weights(slots, beta).astype(np.float32)
+            else:
+                slots = self._draw_valid_slots(batch_size, rng)
+                weights = np.ones(batch_size, np.float32)
+            reward, last, discount, is_over = self._n_step(slots, n_step, gamma)
+            state = gather_frames(self._frames, self._history_index(slots), layout)
+            next_state = gather_frames(self._frames, self._history_index(last), layout)
+            action = self._action[slots]
+            indices = self._block_gen[slots // self.block_size] * self.num_slots + slots
+        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights)
+
+    def _n_step(self, slots, n, gamma):
+        """Walk each VALID slot's lane forward up to ``n`` steps within its episode.
+
+        Returns (discounted reward sum float32, slot of the bootstrap frame, discount float32,
+        terminated bool). A step from a slot without an action (the newest frame of a running
+        or abandoned episode) is never taken; frames ahead of a VALID slot are newer than it
+        and therefore still stored (I6).
+        """
+        bs = self.block_size
+        cur = slots
+        total = np.zeros(len(slots))
+        discount = np.ones(len(slots))
+        active = np.ones(len(slots), bool)
+        terminated = np.zeros(len(slots), bool)
+        for j in range(n):
+            flags = self._flags[cur]
+            total += np.where(active, discount * self._reward[cur], 0.0)
+            discount = np.where(active, discount * gamma, discount)
+            block, offset = np.divmod(cur, bs)
+            nxt = np.where(offset + 1 < bs, cur + 1, self._block_next[block] * bs)
+            cur = np.where(active, nxt, cur)
+            terminated |= active & ((flags & _TERMINATED) != 0)
+            if j + 1 < n:
+                # An episode's final frame (terminated, truncated or abandoned) has no action,
+                # and the lane's next episode starts in the slot after it: stop there.
+                active &= (self._flags[cur] & _HAS_ACTION) != 0
+        discount = np.where(terminated, 0.0, discount)
+        return total.astype(np.float32), cur, discount.astype(np.float32), terminated
+
+    def update_priorities(self, indices, priorities):
+        """Give sampled transitions new priorities (the learner's |TD error|, >= 0).
+
+        ``indices`` are the ``indices`` of a :class:`SampleBatch` from :meth:`sample`. A
+        transition evicted or overwritten since it was sampled is skipped (and counted in
+        :attr:`stale_priority_updates`); the others get ``(priority + priority_eps) ** alpha``.
+        For repeated indices the last priority wins. Returns the number of skipped entries.
+
+        Raises:
+            ValueError: the memory is not prioritized, the arrays differ in length, an index is
+                not one this memory handed out, or a priority is negative or not finite. Nothing
+                is changed then.
+        """
+        if self._priorities is None:
+            raise ValueError("update_priorities needs a prioritized memory "
+                             "(ReplayMemory(..., prioritized=True))")
+        indices, priorities = np.asarray(indices), np.asarray(priorities)
+        if indices.ndim != 1 or (indices.size and indices.dtype.kind not in 'iu'):
+            raise ValueError(f"indices must be a 1-D integer array, got {indices.dtype} "
+                             f"{indices.shape}")
+        if priorities.dtype.kind not in 'iuf' or priorities.shape != indices.shape:
+            raise ValueError(f"priorities must be a real array of the indices' shape "
+                             f"{indices.shape}, got {priorities.dtype} {priorities.shape}")
+        priorities = priorities.astype(np.float64)
+        if not np.all(np.isfinite(priorities)) or (priorities.size and priorities.min() < 0):
+            raise ValueError("priorities must be finite and >= 0")
+        indices = indices.astype(np.int64)
+        if indices.size and indices.min() < 0:
+            raise ValueError("indices must come from sample(): negative index")
+        slots, gen = indices % self.num_slots, indices // self.num_slots
+        prio = self._priorities
+        with self._lock:
+            block = slots // self.block_size
+            if indices.size and np.any(gen > self._block_gen[block]):
+                raise ValueError("indices must come from sample(): an index names a slot "
+                                 "generation this memory has not written")
+            prio.flush(self._flags, _VALID)
+            live = (gen == self._block_gen[block]) & ((self._flags[slots] & _VALID) != 0)
+            stale = len(slots) - int(np.count_nonzero(live))
+            slots, priorities = slots[live], priorities[live]
+            if len(slots) > 1:
+                # Keep the last of repeated slots (numpy's fancy assignment does not promise it).
+                rev_unique, rev_first = np.unique(slots[::-1], return_index=True)
+                slots, priorities = rev_unique, priorities[::-1][rev_first]
+            if len(slots):
+                prio.tree.set(slots, prio.priority_values(priorities))
+            prio.stale_updates += stale
+        return stale
+
+    @property
+    def stale_priority_updates(self):
+        """:meth:`update_priorities` entries skipped so far (their slot was evicted/rewritten)."""
+        return 0 if self._priorities is None else self._priorities.stale_updates
+
+    @property
+    def prioritized(self):
+        """Whether :meth:`sample` draws by priority."""
+        return self._priorities is not None
+
     def _draw_valid_slots(self, n, rng):
         """Uniform draw over VALID slots: uniform over written slots, then reject the others.
 
@@ -325,13 +504,20 @@ class ReplayMemory:
         """
         bs = self.block_size
         block, offset = np.divmod(slots, bs)
+        hist = self._history_index(slots, block, offset)
+        nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
+        return np.concatenate([hist, nxt[:, None]], axis=1)
+
+    def _history_index(self, slots, block=None, offset=None):
+        """Slot index of the ``history_len`` frames of the state at each slot, oldest first."""
+        bs = self.block_size
+        if block is None:
+            block, offset = np.divmod(slots, bs)
         back = np.arange(self.history_len - 1, -1, -1)            # k, oldest first
         pos = offset[:, None] - back                                # offset of frame k back
         prev_base = self._block_prev[block][:, None] * bs + bs
         hist = np.where(pos >= 0, block[:, None] * bs + pos, prev_base + pos)
-        hist = np.where(back <= self._epstep[slots][:, None], hist, self.ZERO_SLOT)
-        nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
-        return np.concatenate([hist, nxt[:, None]], axis=1)
+        return np.where(back <= self._epstep[slots][:, None], hist, self.ZERO_SLOT)
 
     # ------------------------------------------------------------------ whole episodes
     def episodes(self):
@@ -571,6 +757,8 @@ class LaneWriter:
             return
         mem._flags[slot] = flags | _VALID
         mem._num_valid += 1
+        if mem._priorities is not None:
+            mem._priorities.on_publish(slot)
 
     def _check_obs(self, obs, name):
         return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
