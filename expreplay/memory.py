@@ -438,26 +438,34 @@ class ReplayMemory:
             raise ValueError(f"priorities must be a real array of the indices' shape "
                              f"{indices.shape}, got {priorities.dtype} {priorities.shape}")
         priorities = priorities.astype(np.float64)
-        if not np.all(np.isfinite(priorities)) or (priorities.size and priorities.min() < 0):
+        # min >= 0 is False for NaN too; max finite rules out +inf.
+        if priorities.size and not (priorities.min() >= 0 and math.isfinite(priorities.max())):
             raise ValueError("priorities must be finite and >= 0")
         indices = indices.astype(np.int64)
         if indices.size and indices.min() < 0:
             raise ValueError("indices must come from sample(): negative index")
-        slots, gen = indices % self.num_slots, indices // self.num_slots
+        slots, gen = np.divmod(indices, self.num_slots)[::-1]
         prio = self._priorities
         with self._lock:
-            block = slots // self.block_size
-            if indices.size and np.any(gen > self._block_gen[block]):
+            current = self._block_gen[slots // self.block_size]
+            if indices.size and (gen > current).any():
                 raise ValueError("indices must come from sample(): an index names a slot "
                                  "generation this memory has not written")
             prio.flush(self._flags, _VALID)
-            live = (gen == self._block_gen[block]) & ((self._flags[slots] & _VALID) != 0)
+            live = (gen == current) & ((self._flags[slots] & _VALID) != 0)
             stale = len(slots) - int(np.count_nonzero(live))
-            slots, priorities = slots[live], priorities[live]
+            if stale:
+                slots, priorities = slots[live], priorities[live]
             if len(slots) > 1:
-                # Keep the last of repeated slots (numpy's fancy assignment does not promise it).
-                rev_unique, rev_first = np.unique(slots[::-1], return_index=True)
-                slots, priorities = rev_unique, priorities[::-1][rev_first]
+                # Keep the last of repeated slots (numpy's fancy assignment does not promise it):
+                # in a stable sort, the last of equal slots is the last written.
+                order = np.argsort(slots, kind='stable')
+                ordered = slots[order]
+                last = np.ones(len(slots), bool)
+                np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
+                if not last.all():
+                    order = order[last]
+                    slots, priorities = slots[order], priorities[order]
             if len(slots):
                 prio.tree.set(slots, prio.priority_values(priorities))
             prio.stale_updates += stale
