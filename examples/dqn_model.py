@@ -219,6 +219,9 @@ class PrioritizedNStepMixin:
         best_next = tf.identity(best_next, name='bootstrap_value')
         target = tf.stop_gradient(reward + discount * best_next)
         tf.abs(target - q_taken, name='td_error_abs')
+        # The indices as the tower received them: with QueueInput the 'sample_indices'
+        # placeholder only feeds the queue, so the step's own indices are this tensor.
+        tf.identity(indices, name='batch_indices')
         per_sample = tf.losses.huber_loss(target, q_taken, reduction=tf.losses.Reduction.NONE)
         # Schaul et al.: the weights scale each sample's loss; the mean is over the batch.
         cost = tf.reduce_mean(weights * per_sample, name='cost')
@@ -229,7 +232,7 @@ class PrioritizedNStepMixin:
 class PriorityFeedback(Callback):
     """After every training step, give the step's |TD errors| to the replay as new priorities.
 
-    The batch's ``sample_indices`` and the model's ``td_error_abs`` are fetched by the training
+    The batch's indices (``batch_indices``) and the model's ``td_error_abs`` are fetched by the training
     step's own ``session.run`` (no extra run, no wait for the GPU beyond the step itself), and
     ``replay.update_priorities`` then costs about a tenth of a millisecond under the memory's
     lock, so the trainer is not stalled. Entries whose transition was evicted since the batch
@@ -240,7 +243,7 @@ class PriorityFeedback(Callback):
         replay: an ``ExpReplay`` (or ``ReplayStream``) with ``prioritized=True``.
     """
 
-    def __init__(self, replay, indices='sample_indices', td_error='td_error_abs'):
+    def __init__(self, replay, indices='batch_indices', td_error='td_error_abs'):
         self.replay = replay
         self._names = [indices, td_error]
 

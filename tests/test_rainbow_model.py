@@ -69,3 +69,14 @@ def test_td_errors_and_loss_and_priority_feedback(tmp_path):
                          steps_per_epoch=20, max_epoch=2)
     launch_train_with_config(config, SimpleTrainer())
     assert len(checked) == 40 and all(n == 32 for n in checked)
+
+
+@pytest.mark.timeout(600)
+def test_atari_example_trains_with_prioritized_n_step(tmp_path):
+    from test_examples import ATARI_SMOKE, run_example
+    logdir = tmp_path / 'pong'
+    run_example('dqn_atari.py', *ATARI_SMOKE, '--logdir', logdir, '--players', 2,
+                '--max-epoch', 2, '--eval-every', 2, '--algo', 'Dueling', '--prioritized',
+                '--n-step', 3, timeout=500)
+    stats = open(logdir / 'stats.json').read()
+    assert 'expreplay/stale_priority_updates' in stats and 'eval/mean_score' in stats
