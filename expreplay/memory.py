@@ -379,8 +379,8 @@ class ReplayMemory:
                 slots = self._draw_valid_slots(batch_size, rng)
                 weights = np.ones(batch_size, np.float32)
             reward, last, discount, is_over = self._n_step(slots, n_step, gamma)
-            state = gather_frames(self._frames, self._history_index(slots), layout)
-            next_state = gather_frames(self._frames, self._history_index(last), layout)
+            state = self._gather_states(slots, layout)
+            next_state = self._gather_states(last, layout)
             action = self._action[slots]
             indices = self._block_gen[slots // self.block_size] * self.num_slots + slots
         return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights)
@@ -515,6 +515,39 @@ class ReplayMemory:
         hist = self._history_index(slots, block, offset)
         nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
         return np.concatenate([hist, nxt[:, None]], axis=1)
+
+    def _gather_states(self, slots, layout):
+        """The states (``history_len`` frames, oldest first) whose newest frame is at each slot.
+
+        Channels-last: most states are ``history_len`` consecutive slots (the exceptions start
+        near an episode's first frame or reach into the lane's previous block), and numpy
+        copies those out of a strided view of the ring (a state = one contiguous run of
+        frames) as fast as it gathers whole frames, about twice the speed of the general
+        per-frame interleave here; the exceptions go through :func:`gather_frames`.
+        """
+        idx = self._history_index(slots)
+        h = self.history_len
+        if layout != 'NHWC' or h == 1:
+            return gather_frames(self._frames, idx, layout)
+        start = slots - (h - 1)
+        straight = (idx == start[:, None] + np.arange(h)).all(axis=1)
+        out = self._stacked_view()[np.where(straight, start, 0)]
+        bent = ~straight
+        if bent.any():
+            out[bent] = gather_frames(self._frames, idx[bent], layout)
+        return out
+
+    def _stacked_view(self):
+        """``frames`` seen as (slot, *state_shape, history_len): row i = slots i .. i + h - 1."""
+        frames = self._frames
+        cached = getattr(self, '_stacked', None)
+        if cached is None or cached[0] is not frames:   # load() may swap the frames array
+            h = self.history_len
+            view = np.lib.stride_tricks.as_strided(
+                frames, shape=(len(frames) - h + 1,) + self.state_shape + (h,),
+                strides=frames.strides + frames.strides[:1], writeable=False)
+            self._stacked = cached = (frames, view)
+        return cached[1]
 
     def _history_index(self, slots, block=None, offset=None):
         """Slot index of the ``history_len`` frames of the state at each slot, oldest first."""

@@ -34,13 +34,26 @@ class SumMinTree:
             raise ValueError(f"capacity must be >= 1 and fanout >= 2, got {capacity}, {fanout}")
         self.capacity = int(capacity)
         self.fanout = int(fanout)
-        depth = 1
-        while self.fanout ** depth < self.capacity:
-            depth += 1
-        self.depth = depth
-        # Level l has fanout**l nodes; level `depth` holds the leaves (padded with absent ones).
-        self._sum = [np.zeros(self.fanout ** level) for level in range(depth + 1)]
-        self._min = [np.full(self.fanout ** level, np.inf) for level in range(depth + 1)]
+        # Level sizes bottom-up: each a multiple of the fanout (so that it reshapes into rows
+        # of children), padded with absent nodes; the level above the root's has `fanout`.
+        sizes = []
+        n = self.capacity
+        while True:
+            n = -(-n // self.fanout) * self.fanout
+            sizes.append(n)
+            n //= self.fanout
+            if n == 1:
+                break
+        sizes.append(1)
+        sizes.reverse()
+        self.depth = len(sizes) - 1
+        # Level l holds sizes[l] nodes; level `depth` holds the leaves.
+        self._sum = [np.zeros(n) for n in sizes]
+        self._min = [np.full(n, np.inf) for n in sizes]
+        # The same arrays as rows of siblings, made once (a reshape per call costs as much as
+        # the arithmetic on a 64-row batch).
+        self._sum_rows = [None] + [a.reshape(-1, self.fanout) for a in self._sum[1:]]
+        self._min_rows = [None] + [a.reshape(-1, self.fanout) for a in self._min[1:]]
         self._upper = np.triu(np.ones((self.fanout, self.fanout)))
 
     @property
@@ -64,11 +77,12 @@ class SumMinTree:
         self._sum[-1][idx] = values
         self._min[-1][idx] = np.where(values > 0, values, np.inf)
         k = self.fanout
+        add, minimum = np.add.reduce, np.minimum.reduce
         for level in range(self.depth - 1, -1, -1):
             # Duplicate parents are harmless: each is recomputed from its final children.
             idx = idx // k
-            self._sum[level][idx] = self._sum[level + 1].reshape(-1, k)[idx].sum(axis=1)
-            self._min[level][idx] = self._min[level + 1].reshape(-1, k)[idx].min(axis=1)
+            self._sum[level][idx] = add(self._sum_rows[level + 1][idx], axis=1)
+            self._min[level][idx] = minimum(self._min_rows[level + 1][idx], axis=1)
 
     def clear_range(self, lo, hi):
         """Remove leaves ``lo .. hi - 1`` (a contiguous run: one slice per level)."""
@@ -79,8 +93,8 @@ class SumMinTree:
         k = self.fanout
         for level in range(self.depth - 1, -1, -1):
             lo, hi = lo // k, (hi - 1) // k + 1
-            self._sum[level][lo:hi] = self._sum[level + 1].reshape(-1, k)[lo:hi].sum(axis=1)
-            self._min[level][lo:hi] = self._min[level + 1].reshape(-1, k)[lo:hi].min(axis=1)
+            self._sum[level][lo:hi] = self._sum_rows[level + 1][lo:hi].sum(axis=1)
+            self._min[level][lo:hi] = self._min_rows[level + 1][lo:hi].min(axis=1)
 
     def find(self, u):
         """The leaf where each prefix sum ``u`` (array in ``[0, total)``) falls.
@@ -97,7 +111,7 @@ class SumMinTree:
             base = node * k
             # Running sums of each node's children; a product with a triangular matrix of ones
             # is several times faster than np.cumsum along a short axis.
-            cum = self._sum[level].reshape(-1, k)[node] @ self._upper
+            cum = self._sum_rows[level][node] @ self._upper
             j = np.minimum((cum <= u[:, None]).sum(axis=1), k - 1)
             node = base + j
             u -= cum[rows, j] - self._sum[level][node]     # the sum of the children before j
