@@ -11,7 +11,7 @@ import pytest
 from expreplay import ReplayMemory
 from expreplay.priority import SumMinTree
 from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
-from test_nstep import Script, ScriptedWriters, check_batch
+from test_nstep import Script, ScriptedWriters
 
 VALID = 1
 
