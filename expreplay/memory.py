@@ -41,6 +41,13 @@ I7  Slot ``ZERO_SLOT`` (the last one) is never written and stays zeros: history 
 Frames are written outside the lock (a memcpy the writer owns, I1) and published under it by
 updating ``block_fill`` / VALID; a sampler holds the lock while it gathers, so an evicted block
 can not be rewritten under a sample that is reading it.
+
+Prioritized memories keep a :class:`~expreplay.priority.PriorityIndex` (``self._priorities``,
+None when uniform) in step with VALID through two hooks, called under the lock by every write
+path: ``on_publish(slots)`` when steps become VALID (``_publish_step``), and
+``on_evict(lo, hi, invalidated)`` when a block is evicted (``_evict``). A sample token
+(``SampleBatch.indices``) is ``block_gen * num_slots + slot``: a slot rewritten since it was
+sampled has a newer generation, so :meth:`ReplayMemory.update_priorities` can tell.
 """
 
 import collections
@@ -114,13 +121,17 @@ class ReplayMemory:
             steps enter at the largest priority given so far (1 to begin with), and the learner
             feeds new priorities back with :meth:`update_priorities`.
         alpha (float): priority exponent in [0, 1] (0: uniform).
-        priority_eps (float): added to every priority (> 0), so that none is never drawn.
+        priority_eps (float): added to every priority (> 0), so that every transition keeps a
+            chance of being drawn. (:meth:`sample_batch` always draws uniformly.)
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
-    writer. Samplers call :meth:`sample_batch` from any thread.
+    writer. Samplers call :meth:`sample_batch` (tensorpack's 1-step batch) or :meth:`sample`
+    (n-step, prioritized when the memory is) from any thread; a prioritized memory takes the
+    learner's new priorities through :meth:`update_priorities`.
 
-    Memory use: ``max_size * (frame bytes + 13)`` bytes, allocated lazily (pages are touched
+    Memory use: ``max_size * (frame bytes + 13)`` bytes (prioritized: ~17 more per step),
+    allocated lazily (pages are touched
     as they are written, so a large memory starts cheap).
     """
 
