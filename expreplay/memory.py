@@ -131,8 +131,7 @@ class ReplayMemory:
     learner's new priorities through :meth:`update_priorities`.
 
     Memory use: ``max_size * (frame bytes + 13)`` bytes (prioritized: ~17 more per step),
-    allocated lazily (pages are touched
-    as they are written, so a large memory starts cheap).
+    allocated lazily (pages are touched as they are written, so a large memory starts cheap).
     """
 
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
