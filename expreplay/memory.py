@@ -193,7 +193,8 @@ class ReplayMemory:
         self._num_steps_written = 0   # all steps ever added, for statistics
 
         # Prioritized replay (None: uniform). Its hooks: on_publish, on_evict.
-        self._priorities = PriorityIndex(self.num_slots, alpha, priority_eps) if prioritized else None
+        self._priorities = PriorityIndex(self.num_slots, alpha, priority_eps, self._flags,
+                                         _VALID) if prioritized else None
 
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()
@@ -379,7 +380,7 @@ class ReplayMemory:
                     f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
                     f"valid transitions and needs at least {batch_size}")
             if prio is not None:
-                prio.flush(self._flags, _VALID)
+                prio.flush()
                 slots = prio.draw(batch_size, rng)
                 if beta is None:
                     weights = np.ones(batch_size, np.float32)
@@ -461,7 +462,7 @@ class ReplayMemory:
             if indices.size and (gen > current).any():
                 raise ValueError("indices must come from sample(): an index names a slot "
                                  "generation this memory has not written")
-            prio.flush(self._flags, _VALID)
+            prio.flush()
             live = (gen == current) & ((self._flags[slots] & _VALID) != 0)
             stale = len(slots) - int(np.count_nonzero(live))
             if stale:

@@ -125,11 +125,18 @@ class PriorityIndex:
     Steps published by a writer enter at the running maximum priority; they are queued by
     :meth:`on_publish` (one list append, cheap inside a writer's step) and entered in one
     vectorized update by :meth:`flush`, which every sample and priority update runs first, so
-    a sampler always sees every published step.
+    a sampler always sees every published step. ``flags`` is the memory's slot-flag array
+    (read at each flush to skip steps that stopped being sampleable): a memory that replaces
+    that array must build a new index.
     """
 
-    def __init__(self, num_slots, alpha, eps):
+    # Queued steps are entered once this many wait, so that a memory nobody samples from
+    # (a long initial fill) does not queue a Python int per step without bound.
+    FLUSH_AT = 65536
+
+    def __init__(self, num_slots, alpha, eps, flags, valid_bit):
         self.tree = SumMinTree(num_slots)
+        self._flags, self._valid_bit = flags, valid_bit   # the memory's slot flags (VALID)
         self.alpha = float(alpha)
         self.eps = float(eps)
         self.max_priority = 1.0      # raw priority (before eps and alpha), as in Schaul et al.
@@ -143,6 +150,8 @@ class PriorityIndex:
             self._pending.append(int(slots))
         else:
             self._pending.extend(np.asarray(slots).ravel().tolist())
+        if len(self._pending) >= self.FLUSH_AT:
+            self.flush()
 
     def on_evict(self, lo, hi, invalidated=None):
         """Slots ``lo .. hi - 1`` (an evicted block) and ``invalidated`` (an int array of
@@ -152,7 +161,7 @@ class PriorityIndex:
             self.tree.set(invalidated, np.zeros(len(invalidated)))
 
     # -- sampling side
-    def flush(self, flags, valid_bit):
+    def flush(self):
         """Enter the queued steps at the running maximum priority (skipping any that stopped
         being sampleable since they were queued)."""
         if not self._pending:
@@ -160,7 +169,8 @@ class PriorityIndex:
         slots = np.unique(np.array(self._pending, np.int64))
         self._pending = []
         value = (self.max_priority + self.eps) ** self.alpha
-        self.tree.set(slots, np.where((flags[slots] & valid_bit) != 0, value, 0.0))
+        valid = (self._flags[slots] & self._valid_bit) != 0
+        self.tree.set(slots, np.where(valid, value, 0.0))
 
     def draw(self, n, rng):
         """``n`` slots drawn with probability proportional to the tree's values."""

@@ -150,6 +150,22 @@ def test_stale_updates_are_skipped_and_counted_and_evicted_slots_leave_the_tree(
     assert tree.get(b.indices[0] % mem.num_slots) == pytest.approx((9.0 + 1e-6) ** 0.6)
 
 
+def test_queued_steps_are_entered_without_a_sample(monkeypatch):
+    """A memory nobody samples from (a long fill) enters its queued steps every FLUSH_AT."""
+    from expreplay.priority import PriorityIndex
+    monkeypatch.setattr(PriorityIndex, 'FLUSH_AT', 50)
+    mem, _, writers = filled_prioritized(seed=7, rounds=300)
+    prio = mem._priorities
+    assert len(prio._pending) < 50
+    in_tree = prio.tree.get(np.arange(mem.num_slots)) > 0
+    valid = (mem._flags & VALID) != 0
+    # Every VALID slot is in the tree, or still queued; nothing else is in the tree.
+    queued = np.zeros(mem.num_slots, bool)
+    queued[prio._pending] = True
+    np.testing.assert_array_equal(in_tree | (queued & valid), valid)
+    assert in_tree.sum() > len(prio._pending)
+
+
 @pytest.mark.parametrize('indices,priorities,name', [
     ([0], [-1.0], 'priorities'), ([0], [np.nan], 'priorities'), ([0], [np.inf], 'priorities'),
     ([0, 1], [1.0], 'priorities'), ([[0]], [[1.0]], 'indices'), ([0.5], [1.0], 'indices'),
