@@ -9,11 +9,25 @@ writers with episodes of random length. In the same run, interleaved round by ro
   (no drawing, no validity checks, no layout work): what a sampler can not beat;
 - ``loop``: a per-index Python loop like the reference's (slice, pad, transpose, stack).
 
+Rainbow-side figures (issue 11), same run, same memory (prioritized; its uniform twin shares
+the frames), batch 64:
+
+- ``uniform n1`` / ``uniform n3``: ``sample(64)`` / ``sample(64, n_step=3)`` on the uniform twin
+  (state and next state, ``history_len`` frames each, NHWC);
+- ``per n1`` / ``per n3``: the same, drawn by priority with importance weights (beta 0.4);
+- ``update``: ``update_priorities`` of one batch's 64 indices;
+- ``cpprb per`` / ``cpprb update``: cpprb's ``PrioritizedReplayBuffer`` (``next_of='obs'``,
+  ``stack_compress='obs'``: frames stored once, as here) filled with the same frames and episodes,
+  ``sample(64, beta=0.4)`` and ``update_priorities``; only when cpprb is installed
+  (``pip install cpprb``; a benchmark-only dependency).
+
 Figures are medians over rounds; ratios are taken within each round (the machine is shared).
-Usage: python benchmarks/bench_memory.py [--rounds 15] [--batches 200]
+Memory: ``--size`` steps take ``size * 7 KB`` (1M: ~7 GB), and cpprb as much again.
+Usage: python benchmarks/bench_memory.py [--size 1000000] [--rounds 15] [--batches 200] [--no-cpprb]
 """
 
 import argparse
+import copy
 import time
 
 import numpy as np
@@ -21,22 +35,61 @@ import numpy as np
 from expreplay import ReplayMemory
 
 
-def fill(mem, steps, rng, num_writers=4):
+def fill(mem, steps, rng, num_writers=4, episodes=None):
+    """Four writers, episodes of random length; ``episodes`` (a list) receives each episode's
+    (frame pool indices, actions, rewards), so that cpprb can be given the same data."""
     pool = rng.integers(0, 256, (64,) + mem.state_shape, dtype=np.uint8)
     writers = [mem.new_writer() for _ in range(num_writers)]
     left = [0] * num_writers
+    current = [None] * num_writers
     for i in range(steps + num_writers):
         lane = i % num_writers
         w = writers[lane]
         if left[lane] == 0:
             w.start_episode(pool[i % 64])
             left[lane] = int(rng.integers(100, 2000))
+            current[lane] = ([i % 64], [], [])
             continue
         left[lane] -= 1
-        w.add_step(int(rng.integers(6)), float(rng.integers(-1, 2)), pool[(i + 1) % 64],
-                   terminated=left[lane] == 0)
+        action, reward = int(rng.integers(6)), float(rng.integers(-1, 2))
+        w.add_step(action, reward, pool[(i + 1) % 64], terminated=left[lane] == 0)
+        frames, actions, rewards = current[lane]
+        frames.append((i + 1) % 64)
+        actions.append(action)
+        rewards.append(reward)
+        if left[lane] == 0 and episodes is not None:
+            episodes.append(current[lane])
     for w in writers:
         w.close()
+    return pool
+
+
+def fill_cpprb(size, pool, episodes, history_len):
+    """cpprb's PrioritizedReplayBuffer holding the same episodes as stacked NHWC states."""
+    import cpprb
+    shape = pool.shape[1:] + (history_len,)
+    rb = cpprb.PrioritizedReplayBuffer(
+        size, {'obs': {'shape': shape, 'dtype': np.uint8}, 'act': {'dtype': np.int32},
+               'rew': {}, 'done': {}}, next_of='obs', stack_compress='obs')
+    zero = np.zeros((history_len - 1,) + pool.shape[1:], np.uint8)
+    added = 0
+    for frames, actions, rewards in episodes:
+        seq = np.concatenate([zero, pool[frames]])                  # (h - 1 + L + 1, 84, 84)
+        stacks = np.lib.stride_tricks.sliding_window_view(seq, history_len, axis=0)  # (L+1, 84, 84, h)
+        n = len(actions)
+        done = np.zeros(n, np.float32)
+        done[-1] = 1
+        for lo in range(0, n, 500):   # chunks: a whole episode's copies would be large
+            hi = min(n, lo + 500)
+            rb.add(obs=np.ascontiguousarray(stacks[lo:hi]),
+                   next_obs=np.ascontiguousarray(stacks[lo + 1:hi + 1]),
+                   act=np.asarray(actions[lo:hi], np.int32), rew=np.asarray(rewards[lo:hi]),
+                   done=done[lo:hi])
+        rb.on_episode_end()
+        added += n
+        if added >= size:
+            break
+    return rb
 
 
 def rate(fn, n):
@@ -48,20 +101,39 @@ def rate(fn, n):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--size', type=int, default=200_000, help='memory size in steps')
+    ap.add_argument('--size', type=int, default=1_000_000, help='memory size in steps')
+    ap.add_argument('--no-cpprb', action='store_true', help='skip the cpprb comparison')
     ap.add_argument('--rounds', type=int, default=15, help='measurement rounds (median taken)')
     ap.add_argument('--batches', type=int, default=200, help='batches per measurement')
     args = ap.parse_args()
 
     rng = np.random.default_rng(0)
-    mem = ReplayMemory(args.size, (84, 84), 4)
+    pmem = ReplayMemory(args.size, (84, 84), 4, prioritized=True)
+    # The uniform twin: the same arrays (frames, flags, blocks) without the priority tree.
+    mem = copy.copy(pmem)
+    mem._priorities = None
+    episodes = []
     t = time.perf_counter()
-    fill(mem, args.size, rng)
+    pool = fill(pmem, args.size, rng, episodes=episodes)
+    mem._num_valid = pmem._num_valid
     print(f"filled {args.size} steps in {time.perf_counter() - t:.1f}s; {len(mem)} valid transitions")
+    rb = None
+    if not args.no_cpprb:
+        try:
+            t = time.perf_counter()
+            rb = fill_cpprb(args.size, pool, episodes, 4)
+            print(f"cpprb: filled {rb.get_stored_size()} transitions in {time.perf_counter() - t:.1f}s")
+        except ImportError:
+            print("cpprb is not installed: no comparison (pip install cpprb)")
+    del episodes
     arrays = [mem._frames, mem._action, mem._reward, mem._epstep, mem._flags, mem._block_fill,
               mem._block_prev, mem._block_next, mem._block_prev_intact, mem._block_state, mem._block_gen]
     per_step = sum(a.nbytes for a in arrays) / mem.max_size
     print(f"bytes per step: {per_step:.1f} (frame {84 * 84} + {per_step - 84 * 84:.1f} overhead)")
+    tree = pmem._priorities.tree
+    tree_bytes = sum(a.nbytes for a in tree._sum + tree._min)
+    print(f"priority tree: {tree_bytes / mem.max_size:.1f} bytes per step more "
+          f"(fanout {tree.fanout}, depth {tree.depth})")
 
     # Index sets for the bound, drawn the way sample_batch draws them.
     idx_sets = [mem._frame_index(mem._draw_valid_slots(64, rng)) for _ in range(args.batches)]
@@ -86,16 +158,55 @@ def main():
             out.append(s.transpose(1, 2, 0))
         return np.asarray(out)
 
-    results = {k: [] for k in ('NHWC', 'NCHW', 'bound', 'loop')}
+    sampled = pmem.sample(64, rng=rng)
+    new_priorities = rng.random(64) * 2
+    if rb is not None:
+        rb_sampled = rb.sample(64, beta=0.4)
+
+    kinds = ['NHWC', 'NCHW', 'bound', 'loop', 'uniform n1', 'uniform n3', 'per n1', 'per n3',
+             'update']
+    if rb is not None:
+        kinds += ['cpprb per', 'cpprb update']
+    results = {k: [] for k in kinds}
     for _ in range(args.rounds):
         results['bound'].append(rate(bound, args.batches))
         results['NHWC'].append(rate(lambda: mem.sample_batch(64, rng=rng), args.batches))
         results['NCHW'].append(rate(lambda: mem.sample_batch(64, rng=rng, layout='NCHW'), args.batches))
         results['loop'].append(rate(loop_reference, max(1, args.batches // 10)))
+        results['uniform n1'].append(rate(lambda: mem.sample(64, rng=rng), args.batches))
+        results['uniform n3'].append(rate(lambda: mem.sample(64, n_step=3, rng=rng), args.batches))
+        results['per n1'].append(rate(lambda: pmem.sample(64, beta=0.4, rng=rng), args.batches))
+        results['per n3'].append(rate(lambda: pmem.sample(64, n_step=3, beta=0.4, rng=rng),
+                                      args.batches))
+        results['update'].append(rate(lambda: pmem.update_priorities(sampled.indices,
+                                                                     new_priorities),
+                                      5 * args.batches))
+        if rb is not None:
+            results['cpprb per'].append(rate(lambda: rb.sample(64, beta=0.4), args.batches))
+            results['cpprb update'].append(rate(
+                lambda: rb.update_priorities(rb_sampled['indexes'], new_priorities),
+                5 * args.batches))
     r = {k: np.array(v) for k, v in results.items()}
-    print(f"{'what':<8}{'batches/s (median)':>20}{'ratio to bound (median)':>26}")
-    for k in ('bound', 'NHWC', 'NCHW', 'loop'):
-        print(f"{k:<8}{np.median(r[k]):>20.0f}{np.median(r[k] / r['bound']):>26.3f}")
+    print(f"{'what':<14}{'calls/s (median)':>18}{'ratio to bound (median)':>26}")
+    for k in kinds:
+        print(f"{k:<14}{np.median(r[k]):>18.0f}{np.median(r[k] / r['bound']):>26.3f}")
+
+    def ratio(a, b):   # median over rounds of the within-round ratio of rates
+        return float(np.median(r[a] / r[b]))
+
+    print("\nissue 11 targets (median of within-round ratios):")
+    print(f"  prioritized / uniform sampling (n=1):        {ratio('per n1', 'uniform n1'):.2f}"
+          "   (target >= 0.50)")
+    print(f"  update_priorities(64) time / one PER sample: {ratio('per n1', 'update'):.3f}"
+          "  (target <= 0.20)")
+    print(f"  n-step (n=3) / 1-step sample():              {ratio('uniform n3', 'uniform n1'):.2f}"
+          "   (target >= 0.60)")
+    print(f"  n-step (n=3) sample() / sample_batch():      {ratio('uniform n3', 'NHWC'):.2f}"
+          "   (sample_batch gathers 5 frames a row, sample() 8)")
+    if rb is not None:
+        print(f"  PER sample / cpprb PER sample:               {ratio('per n1', 'cpprb per'):.2f}"
+              "   (target >= 1.0)")
+        print(f"  update_priorities / cpprb's:                 {ratio('update', 'cpprb update'):.2f}")
 
 
 if __name__ == '__main__':

@@ -142,7 +142,7 @@ class OldApi(CountSteps):
         return obs, r, term or trunc, info
 
 
-def make_pong():
+def make_pong(sticky=0.0):
     import cv2
     import gymnasium as gym
     import ale_py
@@ -156,7 +156,8 @@ def make_pong():
         def observation(self, obs):
             return cv2.resize(obs, FRAME[::-1], interpolation=cv2.INTER_AREA)
 
-    return Resize84(gym.make('ALE/Pong-v5', frameskip=4, obs_type='grayscale'))
+    return Resize84(gym.make('ALE/Pong-v5', frameskip=4, obs_type='grayscale',
+                             repeat_action_probability=sticky))
 
 
 def make_envpool(batch_size, num_envs=8):
@@ -304,6 +305,10 @@ def med(xs):
     return float(np.median(xs)) if len(xs) else float('nan')
 
 
+def load1():
+    return os.getloadavg()[0]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -323,7 +328,6 @@ def main():
     pongs = [make_pong() for _ in range(8)] if 'pong-cnn' in args.rows else []
     for e in pongs:
         e.reset()
-    ep_async = EnvPoolCounter(make_envpool(4)) if 'envpool' in args.rows else None
     ep_sync = EnvPoolCounter(make_envpool(8)) if 'envpool' in args.rows else None
     w, s, m = args.warmup, args.seconds, args.memory_size
 
@@ -340,7 +344,7 @@ def main():
         'vector-64': [('copy bound', lambda: copy_bound(64, warmup=w, seconds=s)),
                       ('expreplay', lambda: ours([FreeVectorEnv(64)], free_predictor, 1, w, s, m))],
         'envpool': [('envpool raw', lambda: envpool_raw(ep_sync, w, s)),
-                    ('expreplay async', lambda: ours([ep_async], cnn, 1, w, s, m)),
+                    ('expreplay async', lambda: ours([EnvPoolCounter(make_envpool(4))], cnn, 1, w, s, m)),
                     ('expreplay sync', lambda: ours([ep_sync], cnn, 1, w, s, m))],
     }
     targets = {'pong-cnn': 1.5, 'machinery-8': 2.5, 'machinery-1': 1.0, 'vector-64': 0.25,

@@ -45,13 +45,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
 
-from bench_population import HISTORY, FRAME, load1, make_predictor, make_single_env, med  # noqa: E402
+from bench_population import HISTORY, FRAME, load1, make_cnn, med  # noqa: E402
+from bench_population import make_pong as make_pong_env  # noqa: E402
 
 
 def make_pong(sticky):
     """The actors' make_env: a picklable callable (the env is built inside the actor)."""
     import functools
-    return functools.partial(make_single_env, sticky)
+    return functools.partial(make_pong_env, sticky)
 
 
 def run(players, predictor, memory, staleness, exploration, warmup, seconds, ray_envs=()):
@@ -142,7 +143,6 @@ def main():
     ap.add_argument('--staleness', type=int, default=8)
     ap.add_argument('--memory-size', type=int, default=100_000)
     ap.add_argument('--sticky', type=float, default=0.25)
-    ap.add_argument('--tf-threads', type=int, default=0, help='TensorFlow threads (0: its default)')
     ap.add_argument('--quick', action='store_true', help='smoke run: 2 rounds of 1 s')
     args = ap.parse_args()
     if args.quick:
@@ -155,13 +155,13 @@ def main():
     from expreplay.ray import RayVectorEnv
 
     print(f"bench_ray: Pong {FRAME[0]}x{FRAME[1]} grayscale, frameskip 4, history {HISTORY}, Nature CNN "
-          f"on the learner (TF threads: {args.tf_threads or 'default'}); exploration {args.exploration:g}, "
+          f"on the learner (TF default threading); exploration {args.exploration:g}, "
           f"staleness {args.staleness}; {os.cpu_count()} cores; load {load1():.2f}", flush=True)
     ray.init(address='local', num_cpus=4, include_dashboard=False, log_to_driver=False)
     singles, envs = [], []
     try:
-        singles = [make_single_env(args.sticky) for _ in range(8)]
-        predictor = make_predictor(singles[0].action_space.n, args.tf_threads)
+        singles = [make_pong_env(args.sticky) for _ in range(8)]
+        predictor = make_cnn(singles[0].action_space.n)
         memory = ReplayMemory(args.memory_size, FRAME, HISTORY)
         t = time.perf_counter()
         one = RayVectorEnv(make_pong(args.sticky), 2, 4)

@@ -7,6 +7,7 @@
     python examples/dqn_atari.py --env ALE/Pong-v5 --envpool 8           # EnvPool, asynchronous
     python examples/dqn_atari.py --env ALE/Pong-v5 --ray-actors 2 --envs-per-actor 4  # envs in Ray actors
     python examples/dqn_atari.py --ray-actors 8 --envs-per-actor 4 --ray-address HEAD:6379   # a cluster
+    python examples/dqn_atari.py --env ALE/Pong-v5 --algo Dueling --prioritized --n-step 3
     python examples/dqn_atari.py --env ALE/Pong-v5 --task eval --load train_log/dqn-pong/checkpoint
     python examples/dqn_atari.py --env ALE/Pong-v5 --task play --load ... --output pong.mp4
 
@@ -35,6 +36,13 @@ training makes 4.4-5.5 training steps/s (batch 64; Double DQN runs the Nature CN
 times and backward once), 14-24 agent steps/s; a new user's faster machine made 87 agent
 steps/s. Pong needs a few million agent steps: days on such a CPU, hours on a GPU. The replay
 machinery is not the bottleneck here (``tune_staleness.py`` measures it alone).
+
+``--prioritized`` (proportional PER, alpha 0.6, beta 0.4 -> 1 over the run) and ``--n-step N``
+train on the memory's n-step, prioritized batches (``PrioritizedNStepMixin``), and hand the
+|TD errors| back after every step (``PriorityFeedback``); with ``--algo Dueling`` that is the
+replay side of Rainbow. Rewards are then clipped per step by a ``ClipReward`` wrapper on the
+training envs (an n-step reward is a sum, which clipping in the loss would get wrong), so the
+training scores (``expreplay/mean_score``) are in clipped units; evaluation scores are the game's.
 """
 
 import argparse
@@ -44,8 +52,9 @@ import os
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
 
 from atari_wrappers import FRAME_SHAPE, make_env, make_envpool, make_vector_env  # noqa: E402
-from dqn_model import (DQNModel, ProgressLog, evaluate, play_episode, tf,  # noqa: E402
-                       train_until_interrupted)
+import gymnasium as gym  # noqa: E402
+from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, ProgressLog,  # noqa: E402
+                       evaluate, play_episode, tf, train_until_interrupted)
 from tensorpack import (AutoResumeTrainConfig, Callback, ModelSaver, ObjAttrParam,  # noqa: E402
                         OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
                         ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
@@ -101,6 +110,11 @@ def parse_args(argv=None):
                    help='also checkpoint the replay memory every k epochs (it is saved when training ends)')
     # Learning.
     p.add_argument('--batch-size', type=int, default=64)
+    p.add_argument('--prioritized', action='store_true', help='proportional prioritized replay')
+    p.add_argument('--alpha', type=float, default=0.6, help='priority exponent (--prioritized)')
+    p.add_argument('--beta', type=float, default=0.4,
+                   help='importance-weight exponent at the start, annealed to 1 over the run')
+    p.add_argument('--n-step', type=int, default=1, help='n-step returns (Rainbow: 3)')
     p.add_argument('--update-frequency', type=int, default=4, help='agent steps per training step')
     p.add_argument('--target-update', type=int, default=10_000,
                    help='copy the online network into the target network every N training steps')
@@ -136,10 +150,31 @@ def get_player(args, train=False, render_mode=None):
                     max_episode_steps=None if train else args.max_episode_steps)
 
 
+class RainbowReplayModel(PrioritizedNStepMixin, DQNModel):
+    """DQNModel trained on n-step, prioritized batches."""
+
+
+def rainbow_replay(args):
+    """Whether training uses the memory's n-step / prioritized batches."""
+    return args.prioritized or args.n_step > 1
+
+
 def build_model(args, num_actions):
+    if rainbow_replay(args):
+        # Rewards are clipped per step by the training envs (see clip_rewards).
+        return RainbowReplayModel(FRAME_SHAPE, HISTORY, args.algo, num_actions, network='nature',
+                                  state_dtype='uint8', learning_rate=args.lr,
+                                  optimizer=args.optimizer, reward_clip=None, grad_clip=10.0)
     return DQNModel(FRAME_SHAPE, HISTORY, args.algo, num_actions, network='nature',
                     state_dtype='uint8', gamma=0.99, learning_rate=args.lr,
                     optimizer=args.optimizer, reward_clip=1.0, grad_clip=10.0)
+
+
+def clip_rewards(env):
+    """Clip every step's reward to [-1, 1] before it is stored (an env or a vector env)."""
+    if isinstance(env, gym.vector.VectorEnv):
+        return gym.wrappers.vector.ClipReward(env, -1.0, 1.0)
+    return gym.wrappers.ClipReward(env, -1.0, 1.0)
 
 
 class Evaluator(Callback):
@@ -165,7 +200,7 @@ def train(args, num_actions):
     uf = args.update_frequency
     if args.envpool:
         # One player; a request receives (and stores) the steps of half its envs.
-        def player():
+        def make_player():
             return make_envpool(args.env, args.envpool, sticky=args.sticky, seed=args.seed)
         args.players = 1
         requests_per_batch = max(1, round(uf / max(1, args.envpool // 2)))
@@ -186,7 +221,7 @@ def train(args, num_actions):
             gymnasium.register_envs(ale_py)
             return make_env(env_id, sticky=sticky, max_episode_steps=None)
 
-        def player():
+        def make_player():
             return expreplay.RayVectorEnv(make, args.ray_actors, args.envs_per_actor)
         args.players = 1           # all the actors are one player's (one batched forward per step)
         # Asynchronous: a request receives the envs of the actors that are ready (one or more).
@@ -194,13 +229,22 @@ def train(args, num_actions):
     elif args.vector:
         # One request steps all N sub-envs of one player: request uf/N of them per batch so
         # that a training step still sees about uf new transitions (the replay ratio batch/uf).
-        def player():
+        def make_player():
             return make_vector_env(args.env, args.vector, sticky=args.sticky)
         requests_per_batch = max(1, round(uf / args.vector))
     else:
-        def player():
+        def make_player():
             return get_player(args, train=True)
         requests_per_batch = uf
+
+    def player():
+        env = make_player()
+        return clip_rewards(env) if rainbow_replay(args) else env
+
+    total_steps = args.max_epoch * args.steps_per_epoch
+
+    def beta(k):   # annealed linearly to 1 over the run (Schaul et al.)
+        return min(1.0, args.beta + (1.0 - args.beta) * k / total_steps)
     replay = expreplay.ExpReplay(
         predictor_io_names=(['state'], ['Qvalue']),
         get_player=player,
@@ -220,6 +264,8 @@ def train(args, num_actions):
         runner_kwargs={'life_loss_terminal': not args.no_life_loss},
         # Default: single envs share one pipelined thread, vector envs get a thread each.
         manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None,
+        n_step=args.n_step, gamma=0.99, prioritized=args.prioritized, alpha=args.alpha,
+        beta=beta if args.prioritized else None,
     )
     callbacks = [
         ProgressLog(replay, every=30, first=15),   # the epoch's monitors are minutes away
@@ -234,6 +280,8 @@ def train(args, num_actions):
             [(0, 1.0), (args.exploration_steps // uf, 0.1), (40 * args.exploration_steps // uf, 0.01)],
             interp='linear', step_based=True),
     ]
+    if args.prioritized:
+        callbacks.append(PriorityFeedback(replay))
     if args.eval_every:
         callbacks.append(PeriodicTrigger(Evaluator(args), every_k_epochs=args.eval_every))
     # AutoResumeTrainConfig loads the latest checkpoint of the log directory and continues the

@@ -3,6 +3,7 @@
 
     python examples/dqn_cartpole.py                 # train, then print "mean score X"
     python examples/dqn_cartpole.py --task eval --load train_log/dqn-cartpole/best-model
+    python examples/dqn_cartpole.py --prioritized --n-step 3   # PER + 3-step returns
 
 The same machinery as the Atari example (``dqn_atari.py``) on a problem small enough to
 learn in minutes: vector observations (4 floats) stored as float32 frames, a 2-layer MLP
@@ -34,7 +35,8 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is impor
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dqn_model import DQNModel, evaluate, tf, train_until_interrupted  # noqa: E402  (sets up TF)
+from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, evaluate,  # noqa: E402
+                       tf, train_until_interrupted)  # (dqn_model sets up TF for tensorpack)
 from tensorpack import (Callback, FeedInput, PeriodicTrigger, PredictConfig, OfflinePredictor,  # noqa: E402
                         RunOp, ScheduledHyperParamSetter, ObjAttrParam, SimpleTrainer,
                         SmartInit, TrainConfig, launch_train_with_config, logger)
@@ -65,6 +67,11 @@ def parse_args(argv=None):
     p.add_argument('--gamma', type=float, default=0.99, help='discount factor')
     p.add_argument('--hidden', type=int, default=256, help='width of the two hidden layers')
     p.add_argument('--batch-size', type=int, default=64)
+    p.add_argument('--prioritized', action='store_true', help='proportional prioritized replay')
+    p.add_argument('--alpha', type=float, default=0.6, help='priority exponent (--prioritized)')
+    p.add_argument('--beta', type=float, default=0.4,
+                   help='importance-weight exponent at the start, annealed to 1 over --steps')
+    p.add_argument('--n-step', type=int, default=1, help='n-step returns')
     p.add_argument('--update-frequency', type=int, default=2,
                    help='environment steps per training step (the replay ratio is batch/this)')
     p.add_argument('--memory-size', type=int, default=100_000, help='replay memory capacity')
@@ -88,7 +95,16 @@ def make_env():
     return gym.make(ENV_ID)   # 500-step time limit: a truncation, which the memory bootstraps
 
 
+class RainbowReplayModel(PrioritizedNStepMixin, DQNModel):
+    """DQNModel trained on n-step, prioritized batches."""
+
+
 def build_model(args):
+    if args.prioritized or args.n_step > 1:
+        return RainbowReplayModel(
+            STATE_SHAPE, HISTORY, args.algo, NUM_ACTIONS, network='mlp', state_dtype='float32',
+            hidden=(args.hidden, args.hidden), learning_rate=args.lr, optimizer='adam',
+            reward_clip=None, grad_clip=10.0)
     return DQNModel(STATE_SHAPE, HISTORY, args.algo, NUM_ACTIONS, network='mlp', state_dtype='float32',
                     hidden=(args.hidden, args.hidden), gamma=args.gamma, learning_rate=args.lr,
                     optimizer='adam', reward_clip=None, grad_clip=10.0)
@@ -153,6 +169,10 @@ def train(args):
         history_len=HISTORY,
         state_dtype='float32',
         seed=args.seed,
+        n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized, alpha=args.alpha,
+        # beta: annealed to 1 over the step budget (one batch per uf env steps).
+        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency
+                            / args.steps)) if args.prioritized else None,
     )
     evaluation = GreedyEvaluation(replay, args)
     uf = args.update_frequency
@@ -178,7 +198,7 @@ def train(args):
                 [(0, args.lr), (max(1, args.steps // uf), args.lr * args.final_lr_fraction)],
                 interp='linear', step_based=True),
             evaluation,
-        ],
+        ] + ([PriorityFeedback(replay)] if args.prioritized else []),
         session_init=SmartInit(args.load) if args.load else None,
         steps_per_epoch=1000,
         max_epoch=10**6,   # the evaluation callback stops training
@@ -188,6 +208,9 @@ def train(args):
     env_steps = replay.mem.num_steps_written
     logger.info(f"training done: {env_steps} env steps in {time.time() - start:.0f} s; "
                 f"best periodic evaluation {evaluation.best:.1f}")
+    # The first periodic evaluation that reached --stop-score (what compare_cartpole.py reads).
+    solved = [steps for steps, mean in evaluation.history if mean >= args.stop_score]
+    print(f"solved at env steps {solved[0]}" if solved else "not solved")
     return evaluation.best_path, env_steps
 
 

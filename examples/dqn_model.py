@@ -9,6 +9,9 @@ One ``DQNModel`` covers the three algorithms the examples offer:
 and two networks: the Nature CNN for stacks of 84x84 frames, and a small MLP for vector
 observations such as CartPole's.
 
+:class:`PrioritizedNStepMixin` trains the same networks on n-step, prioritized batches, and
+:class:`PriorityFeedback` hands the learner's |TD errors| back to the replay as priorities.
+
 The model reads what ``expreplay.ExpReplay`` yields: ``[comb_state, action, reward, isOver]``,
 ``comb_state`` of shape ``(B, *state_shape, history + 1)`` holding the state's ``history``
 frames and the next state's newest frame (a state and its successor share ``history - 1``
@@ -186,6 +189,18 @@ class DQNModel(ModelDesc):
         next_state = comb_state[..., 1:]
         if self.reward_clip:
             reward = tf.clip_by_value(reward, -self.reward_clip, self.reward_clip)
+        q_taken, best_next = self._q_taken_and_best_next(q, action, next_state)
+        not_over = 1.0 - tf.cast(isOver, tf.float32)
+        target = tf.stop_gradient(reward + not_over * self.gamma * best_next)
+        # Huber loss: quadratic near 0, linear beyond 1, so a surprising reward can not
+        # produce an exploding gradient.
+        cost = tf.losses.huber_loss(target, q_taken, reduction=tf.losses.Reduction.MEAN)
+        cost = tf.identity(cost, name='cost')
+        summary.add_moving_summary(cost)
+        return cost
+
+    def _q_taken_and_best_next(self, q, action, next_state):
+        """Q(s, a) of the actions taken, and the bootstrap value of the next states."""
         q_taken = tf.reduce_sum(q * tf.one_hot(action, self.num_actions), axis=1)
         summary.add_moving_summary(tf.reduce_mean(tf.reduce_max(q, axis=1), name='predict_reward'))
 
@@ -200,15 +215,7 @@ class DQNModel(ModelDesc):
             # removes most of max-operator's overestimation.
             greedy = tf.argmax(self.get_DQN_prediction(next_state), axis=1)
             best_next = tf.reduce_sum(q_next_target * tf.one_hot(greedy, self.num_actions), axis=1)
-
-        not_over = 1.0 - tf.cast(isOver, tf.float32)
-        target = tf.stop_gradient(reward + not_over * self.gamma * best_next)
-        # Huber loss: quadratic near 0, linear beyond 1, so a surprising reward can not
-        # produce an exploding gradient.
-        cost = tf.losses.huber_loss(target, q_taken, reduction=tf.losses.Reduction.MEAN)
-        cost = tf.identity(cost, name='cost')
-        summary.add_moving_summary(cost)
-        return cost
+        return q_taken, best_next
 
     def optimizer(self):
         lr = tf.get_variable('learning_rate', initializer=self.learning_rate, trainable=False)
@@ -231,6 +238,92 @@ class DQNModel(ModelDesc):
         if not ops:
             raise RuntimeError("no 'target/' variables: was the training graph built?")
         return tf.group(*ops, name='update_target_network')
+
+
+class PrioritizedNStepMixin:
+    """Train a :class:`DQNModel` on the n-step, prioritized batches of ``ExpReplay(n_step=...,
+    prioritized=True)``: ``class Model(PrioritizedNStepMixin, DQNModel)``.
+
+    Inputs: the fields of :class:`expreplay.memory.SampleBatch` (``state``, ``action``,
+    ``reward``, ``next_state``, ``discount``, ``is_over``, ``sample_indices``, ``is_weights``).
+    The target is ``reward + discount * Q_target(next_state, .)`` (the memory's discount is
+    ``gamma ** k`` for the k steps summed, 0 after a terminal step, so the model's ``gamma`` is
+    not used), the loss the mean of ``is_weights * huber(target - Q(state, action))``, and
+    ``td_error_abs`` the per-sample |TD error| that :class:`PriorityFeedback` hands back to the
+    memory. A uniform memory's weights are all 1, so the mixin serves n-step without PER too.
+
+    Rewards are not clipped here: an n-step reward is a sum, and clipping the sum is not
+    clipping each step. Clip per step before they are stored (Atari: a ``ClipReward`` env
+    wrapper) and build the model with ``reward_clip=None``.
+    """
+
+    def inputs(self):
+        shape = (None,) + self.state_shape + (self.history,)
+        return [tf.TensorSpec(shape, self.state_dtype, 'state'),
+                tf.TensorSpec((None,), tf.int32, 'action'),
+                tf.TensorSpec((None,), tf.float32, 'reward'),
+                tf.TensorSpec(shape, self.state_dtype, 'next_state'),
+                tf.TensorSpec((None,), tf.float32, 'discount'),
+                tf.TensorSpec((None,), tf.bool, 'is_over'),
+                tf.TensorSpec((None,), tf.int64, 'sample_indices'),
+                tf.TensorSpec((None,), tf.float32, 'is_weights')]
+
+    def build_graph(self, state, action, reward, next_state, discount, is_over, indices, weights):
+        if self.reward_clip:
+            raise ValueError("PrioritizedNStepMixin: reward_clip must be None (clip each step's "
+                             "reward before it is stored, e.g. with gymnasium's ClipReward)")
+        q = self.get_DQN_prediction(state)
+        if not get_current_tower_context().is_training:
+            return
+        q_taken, best_next = self._q_taken_and_best_next(q, action, next_state)
+        q_taken = tf.identity(q_taken, name='q_taken')
+        best_next = tf.identity(best_next, name='bootstrap_value')
+        target = tf.stop_gradient(reward + discount * best_next)
+        tf.abs(target - q_taken, name='td_error_abs')
+        # The indices as the tower received them: with QueueInput the 'sample_indices'
+        # placeholder only feeds the queue, so the step's own indices are this tensor.
+        tf.identity(indices, name='batch_indices')
+        per_sample = tf.losses.huber_loss(target, q_taken, reduction=tf.losses.Reduction.NONE)
+        # Schaul et al.: the weights scale each sample's loss; the mean is over the batch.
+        cost = tf.reduce_mean(weights * per_sample, name='cost')
+        summary.add_moving_summary(cost)
+        return cost
+
+
+class PriorityFeedback(Callback):
+    """After every training step, give the step's |TD errors| to the replay as new priorities.
+
+    The batch's indices (``batch_indices``) and the model's ``td_error_abs`` are fetched by the training
+    step's own ``session.run`` (no extra run, no wait for the GPU beyond the step itself), and
+    ``replay.update_priorities`` then costs about a tenth of a millisecond under the memory's
+    lock, so the trainer is not stalled. Entries whose transition was evicted since the batch
+    was sampled (a prefetching ``QueueInput`` trains on batches sampled a while ago) are
+    skipped by the memory and counted (``expreplay/stale_priority_updates`` is monitored).
+
+    Args:
+        replay: an ``ExpReplay`` (or ``ReplayStream``) with ``prioritized=True``.
+    """
+
+    def __init__(self, replay, indices='batch_indices', td_error='td_error_abs'):
+        self.replay = replay
+        self._names = [indices, td_error]
+
+    def _setup_graph(self):
+        # ':0': the tensors. A bare name finds the placeholder *operation*, and running a
+        # placeholder op fails even when its tensor is fed.
+        self._fetches = self.get_tensors_maybe_in_tower([n + ':0' for n in self._names])
+
+    def _before_run(self, ctx):
+        return tf.train.SessionRunArgs(fetches=self._fetches)
+
+    def _after_run(self, run_context, run_values):
+        indices, td_error = run_values.results
+        self.replay.update_priorities(indices, td_error)
+
+    def _trigger(self):
+        memory = getattr(self.replay, 'memory', None) or self.replay.mem
+        self.trainer.monitors.put_scalar('expreplay/stale_priority_updates',
+                                         memory.stale_priority_updates)
 
 
 # ---------------------------------------------------------------------- greedy evaluation

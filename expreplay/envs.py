@@ -484,21 +484,30 @@ class AsyncVectorAdapter(_VectorBase):
         except (TypeError, ValueError):
             self._send_takes_ids = True
 
+    _in_flight = 0     # sub-envs sent actions whose results have not been received
+
     def reset(self, seed=None, options=None):
         if options is not None:
             raise TypeError(f"player {_describe(self.player)} is asynchronous: its resets take no "
                             f"options (got {options!r})")
+        # Results still in flight (a runner closed or restarted mid-pipeline) are received and
+        # dropped first: resetting an engine with steps in flight corrupts EnvPool's state.
+        while self._in_flight > 0:
+            self._in_flight -= len(self.player.recv()[1])
+        self._in_flight = 0
         self._ended[:] = True     # every sub-env's first report is the start of an episode
         if not callable(getattr(self.player, 'async_reset', None)):
             obs, info = self.player.reset(seed=seed)      # ale-py: the first ready batch
             n = len(obs)
             self._first = (obs, np.zeros(n), np.zeros(n, bool), np.zeros(n, bool), info)
+            self._in_flight = self.num_envs - n
             return None
         if seed is not None:
             warnings.warn(f"player {_describe(self.player)} is seeded when it is made (e.g. "
                           f"envpool.make(..., seed=...)); reset seed {seed!r} is ignored",
                           RuntimeWarning, stacklevel=3)
         self.player.async_reset()
+        self._in_flight = self.num_envs        # every sub-env's first observation is coming
 
     _first = None
 
@@ -507,6 +516,7 @@ class AsyncVectorAdapter(_VectorBase):
             out, self._first = self._first, None
         else:
             out = self.player.recv()
+            self._in_flight -= len(out[1])
         obs, reward, terminated, truncated, info = out
         env_ids = np.asarray(info['env_id'], np.int64)
         return self._next_step_results(env_ids, obs, reward, terminated, truncated, info)
@@ -516,6 +526,7 @@ class AsyncVectorAdapter(_VectorBase):
             self.player.send(actions, env_ids)
         else:
             self.player.send(actions)
+        self._in_flight += len(env_ids)
 
 
 def _batch_size(player):

@@ -41,6 +41,12 @@ I7  Slot ``ZERO_SLOT`` (the last one) is never written and stays zeros: history 
 Frames are written outside the lock (a memcpy the writer owns, I1) and published under it by
 updating ``block_fill`` / VALID; a sampler holds the lock while it gathers, so an evicted block
 can not be rewritten under a sample that is reading it.
+Prioritized memories keep a :class:`~expreplay.priority.PriorityIndex` (``self._priorities``,
+None when uniform) in step with VALID through two hooks, called under the lock by every write
+path: ``on_publish(slots)`` when steps become VALID (``_publish_step``), and
+``on_evict(lo, hi, invalidated)`` when a block is evicted (``_evict``). A sample token
+(``SampleBatch.indices``) is ``block_gen * num_slots + slot``: a slot rewritten since it was
+sampled has a newer generation, so :meth:`ReplayMemory.update_priorities` can tell.
 """
 
 import collections
@@ -54,15 +60,17 @@ import numpy as np
 
 from . import _checkpoint
 from ._checkpoint import CheckpointError
-from ._checks import check_bool, check_choice, check_dtype, check_int, check_rng, check_shape
+from ._checks import (check_bool, check_choice, check_dtype, check_int, check_probability,
+                      check_real, check_rng, check_shape)
 from ._gather import gather_frames
+from .priority import PriorityIndex
 
 try:  # optional, built by setup.py when a C compiler is available
     from . import _acting_ext
 except ImportError:
     _acting_ext = None
 
-__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'CheckpointError', 'as_frame',
+__all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
            'check_frames', 'check_rewards', 'check_actions', 'check_flags']
 
 logger = logging.getLogger(__name__)
@@ -70,6 +78,18 @@ logger = logging.getLogger(__name__)
 Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 'isOver'])
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
 and whether the episode ended with this step (see :meth:`ReplayMemory.append`)."""
+
+SampleBatch = collections.namedtuple(
+    'SampleBatch', ['state', 'action', 'reward', 'next_state', 'discount', 'is_over', 'indices',
+                    'weights'])
+SampleBatch.__doc__ = """A batch from :meth:`ReplayMemory.sample` (n-step, optionally prioritized).
+
+``state`` / ``next_state``: ``history_len`` stacked frames each (layout as asked);
+``action`` int32; ``reward`` float32, the discounted sum of the k <= n rewards taken;
+``discount`` float32, ``gamma ** k``, 0 when the episode terminated within the window (so the
+target is ``reward + discount * max_a Q(next_state, a)``); ``is_over`` bool, terminated within
+the window; ``indices`` int64, opaque tokens for :meth:`ReplayMemory.update_priorities`;
+``weights`` float32 importance weights (all 1 for a uniform memory or ``beta=None``)."""
 
 # Slot flags.
 _VALID = 1        # the transition from this slot can be sampled (I3)
@@ -101,6 +121,13 @@ class ReplayMemory:
 
     Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
     refused (see :func:`as_frame` and :func:`check_rewards`).
+        prioritized (bool): proportional prioritized replay (Schaul et al.): :meth:`sample`
+            draws each transition with probability ``p_i ** alpha / sum_j p_j ** alpha``, new
+            steps enter at the largest priority given so far (1 to begin with), and the learner
+            feeds new priorities back with :meth:`update_priorities`.
+        alpha (float): priority exponent in [0, 1] (0: uniform).
+        priority_eps (float): added to every priority (> 0), so that every transition keeps a
+            chance of being drawn. (:meth:`sample_batch` always draws uniformly.)
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
@@ -112,7 +139,14 @@ class ReplayMemory:
 
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
 
-    def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None):
+    def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None,
+                 prioritized=False, alpha=0.6, priority_eps=1e-6):
+        prioritized = check_bool(prioritized, 'prioritized')
+        alpha = check_probability(alpha, 'alpha')
+        priority_eps = check_real(priority_eps, 'priority_eps', minimum=0.0)
+        if priority_eps <= 0:
+            raise ValueError(f"priority_eps must be > 0 (a zero priority would never be "
+                             f"sampled again), got {priority_eps!r}")
         self.max_size = check_int(max_size, 'max_size', 1, allow_float=True)
         self.history_len = check_int(history_len, 'history_len', 1, allow_float=True)
         self.state_shape = check_shape(state_shape, 'state_shape')
@@ -154,6 +188,10 @@ class ReplayMemory:
         self._retired = collections.deque()
         self._num_valid = 0
         self._num_steps_written = 0   # all steps ever added, for statistics
+
+        # Prioritized replay (None: uniform). Its hooks: on_publish, on_evict.
+        self._priorities = PriorityIndex(self.num_slots, alpha, priority_eps, self._flags,
+                                         _VALID) if prioritized else None
 
         self._lock = threading.Lock()
         self._rng = np.random.default_rng()
@@ -238,6 +276,7 @@ class ReplayMemory:
         self._num_valid -= int(np.count_nonzero(flags & _VALID))
         flags[:] = 0
         self._block_fill[block] = 0
+        broken_slots = None
         succ = self._block_next[block]
         if succ >= 0 and self._block_prev[succ] == block:
             self._block_prev_intact[succ] = False
@@ -250,7 +289,10 @@ class ReplayMemory:
             broken = needs & ((self._flags[s_lo:s_lo + n] & _VALID) != 0)
             self._num_valid -= int(np.count_nonzero(broken))
             self._flags[s_lo:s_lo + n][broken] &= ~np.uint8(_VALID)
+            broken_slots = s_lo + np.flatnonzero(broken)
             self._block_prev[succ] = -1
+        if self._priorities is not None:
+            self._priorities.on_evict(lo, lo + self.block_size, broken_slots)
         self._block_prev[block] = -1
         self._block_next[block] = -1
         self._block_state[block] = _FREE
@@ -299,6 +341,159 @@ class ReplayMemory:
             is_over = (self._flags[slots] & _TERMINATED) != 0
         return [comb_state, action, reward, is_over]
 
+    def sample(self, batch_size, *, n_step=1, gamma=0.99, beta=None, layout='NHWC', rng=None):
+        """Sample ``batch_size`` n-step transitions (with replacement) as a :class:`SampleBatch`.
+
+        A transition from the state at step ``t`` sums the rewards of steps ``t .. t + k - 1``
+        (``gamma ** j`` for the j-th), where k is ``n_step``, or fewer when the episode ends
+        sooner or the lane has not written further yet. ``next_state`` is the state at
+        ``t + k``: for an episode that ended in the window, its final observation. ``discount``
+        is ``gamma ** k``, and 0 when the episode *terminated* in the window (a *truncated*
+        end bootstraps from the final observation). The window never leaves the episode, so it
+        never crosses into another episode or another writer's lane.
+
+        Args:
+            batch_size (int): number of transitions.
+            n_step (int): steps summed, >= 1.
+            gamma (float): discount in (0, 1].
+            beta (float, optional): importance-sampling exponent in [0, 1] for a prioritized
+                memory; None gives weights of 1. A uniform memory's weights are always 1.
+            layout: ``'NHWC'`` gives ``state`` and ``next_state`` of shape
+                ``(B, *state_shape, history_len)``; ``'NCHW'`` ``(B, history_len, *state_shape)``.
+            rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
+
+        Raises:
+            ValueError: a bad argument (named), or fewer than ``batch_size`` valid transitions.
+        """
+        batch_size = check_int(batch_size, 'batch_size', minimum=1)
+        n_step = check_int(n_step, 'n_step', minimum=1)
+        gamma = check_real(gamma, 'gamma')
+        if not 0.0 < gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        if beta is not None:
+            beta = check_probability(beta, 'beta')
+        if layout not in ('NHWC', 'NCHW'):
+            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
+        rng = self._rng if rng is None else rng
+        prio = self._priorities
+        with self._lock:
+            if self._num_valid < batch_size:
+                raise ValueError(
+                    f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
+                    f"valid transitions and needs at least {batch_size}")
+            if prio is not None:
+                prio.flush()
+                slots = prio.draw(batch_size, rng)
+                if beta is None:
+                    weights = np.ones(batch_size, np.float32)
+                else:
+                    weights = prio.weights(slots, beta).astype(np.float32)
+            else:
+                slots = self._draw_valid_slots(batch_size, rng)
+                weights = np.ones(batch_size, np.float32)
+            reward, last, discount, is_over = self._n_step(slots, n_step, gamma)
+            state = self._gather_states(slots, layout)
+            next_state = self._gather_states(last, layout)
+            action = self._action[slots]
+            indices = self._block_gen[slots // self.block_size] * self.num_slots + slots
+        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights)
+
+    def _n_step(self, slots, n, gamma):
+        """Walk each VALID slot's lane forward up to ``n`` steps within its episode.
+
+        Returns (discounted reward sum float32, slot of the bootstrap frame, discount float32,
+        terminated bool). A step from a slot without an action (the newest frame of a running
+        or abandoned episode) is never taken; frames ahead of a VALID slot are newer than it
+        and therefore still stored (I6).
+        """
+        bs = self.block_size
+        cur = slots
+        total = np.zeros(len(slots))
+        discount = np.ones(len(slots))
+        active = np.ones(len(slots), bool)
+        terminated = np.zeros(len(slots), bool)
+        for j in range(n):
+            flags = self._flags[cur]
+            total += np.where(active, discount * self._reward[cur], 0.0)
+            discount = np.where(active, discount * gamma, discount)
+            block, offset = np.divmod(cur, bs)
+            nxt = np.where(offset + 1 < bs, cur + 1, self._block_next[block] * bs)
+            cur = np.where(active, nxt, cur)
+            terminated |= active & ((flags & _TERMINATED) != 0)
+            if j + 1 < n:
+                # An episode's final frame (terminated, truncated or abandoned) has no action,
+                # and the lane's next episode starts in the slot after it: stop there.
+                active &= (self._flags[cur] & _HAS_ACTION) != 0
+        discount = np.where(terminated, 0.0, discount)
+        return total.astype(np.float32), cur, discount.astype(np.float32), terminated
+
+    def update_priorities(self, indices, priorities):
+        """Give sampled transitions new priorities (the learner's |TD error|, >= 0).
+
+        ``indices`` are the ``indices`` of a :class:`SampleBatch` from :meth:`sample`. A
+        transition evicted or overwritten since it was sampled is skipped (and counted in
+        :attr:`stale_priority_updates`); the others get ``(priority + priority_eps) ** alpha``.
+        For repeated indices the last priority wins. Returns the number of skipped entries.
+
+        Raises:
+            ValueError: the memory is not prioritized, the arrays differ in length, an index is
+                not one this memory handed out, or a priority is negative or not finite. Nothing
+                is changed then.
+        """
+        if self._priorities is None:
+            raise ValueError("update_priorities needs a prioritized memory "
+                             "(ReplayMemory(..., prioritized=True))")
+        indices, priorities = np.asarray(indices), np.asarray(priorities)
+        if indices.ndim != 1 or (indices.size and indices.dtype.kind not in 'iu'):
+            raise ValueError(f"indices must be a 1-D integer array, got {indices.dtype} "
+                             f"{indices.shape}")
+        if priorities.dtype.kind not in 'iuf' or priorities.shape != indices.shape:
+            raise ValueError(f"priorities must be a real array of the indices' shape "
+                             f"{indices.shape}, got {priorities.dtype} {priorities.shape}")
+        priorities = priorities.astype(np.float64)
+        # min >= 0 is False for NaN too; max finite rules out +inf.
+        if priorities.size and not (priorities.min() >= 0 and math.isfinite(priorities.max())):
+            raise ValueError("priorities must be finite and >= 0")
+        indices = indices.astype(np.int64)
+        if indices.size and indices.min() < 0:
+            raise ValueError("indices must come from sample(): negative index")
+        slots, gen = np.divmod(indices, self.num_slots)[::-1]
+        prio = self._priorities
+        with self._lock:
+            current = self._block_gen[slots // self.block_size]
+            if indices.size and (gen > current).any():
+                raise ValueError("indices must come from sample(): an index names a slot "
+                                 "generation this memory has not written")
+            prio.flush()
+            live = (gen == current) & ((self._flags[slots] & _VALID) != 0)
+            stale = len(slots) - int(np.count_nonzero(live))
+            if stale:
+                slots, priorities = slots[live], priorities[live]
+            if len(slots) > 1:
+                # Keep the last of repeated slots (numpy's fancy assignment does not promise it):
+                # in a stable sort, the last of equal slots is the last written.
+                order = np.argsort(slots, kind='stable')
+                ordered = slots[order]
+                last = np.ones(len(slots), bool)
+                np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
+                if not last.all():
+                    order = order[last]
+                    slots, priorities = slots[order], priorities[order]
+            if len(slots):
+                prio.tree.set(slots, prio.priority_values(priorities))
+            prio.stale_updates += stale
+        return stale
+
+    @property
+    def stale_priority_updates(self):
+        """:meth:`update_priorities` entries skipped so far (their slot was evicted/rewritten)."""
+        return 0 if self._priorities is None else self._priorities.stale_updates
+
+    @property
+    def prioritized(self):
+        """Whether :meth:`sample` draws by priority."""
+        return self._priorities is not None
+
     def _draw_valid_slots(self, n, rng):
         """Uniform draw over VALID slots: uniform over written slots, then reject the others.
 
@@ -330,13 +525,53 @@ class ReplayMemory:
         """
         bs = self.block_size
         block, offset = np.divmod(slots, bs)
+        hist = self._history_index(slots, block, offset)
+        nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
+        return np.concatenate([hist, nxt[:, None]], axis=1)
+
+    def _gather_states(self, slots, layout):
+        """The states (``history_len`` frames, oldest first) whose newest frame is at each slot.
+
+        Channels-last: most states are ``history_len`` consecutive slots (the exceptions start
+        near an episode's first frame or reach into the lane's previous block), and numpy
+        copies those out of a strided view of the ring (a state = one contiguous run of
+        frames) as fast as it gathers whole frames, about twice the speed of the general
+        per-frame interleave here; the exceptions go through :func:`gather_frames`.
+        """
+        idx = self._history_index(slots)
+        h = self.history_len
+        if layout != 'NHWC' or h == 1:
+            return gather_frames(self._frames, idx, layout)
+        start = slots - (h - 1)
+        straight = (idx == start[:, None] + np.arange(h)).all(axis=1)
+        out = self._stacked_view()[np.where(straight, start, 0)]
+        bent = ~straight
+        if bent.any():
+            out[bent] = gather_frames(self._frames, idx[bent], layout)
+        return out
+
+    def _stacked_view(self):
+        """``frames`` seen as (slot, *state_shape, history_len): row i = slots i .. i + h - 1."""
+        frames = self._frames
+        cached = getattr(self, '_stacked', None)
+        if cached is None or cached[0] is not frames:   # load() may swap the frames array
+            h = self.history_len
+            view = np.lib.stride_tricks.as_strided(
+                frames, shape=(len(frames) - h + 1,) + self.state_shape + (h,),
+                strides=frames.strides + frames.strides[:1], writeable=False)
+            self._stacked = cached = (frames, view)
+        return cached[1]
+
+    def _history_index(self, slots, block=None, offset=None):
+        """Slot index of the ``history_len`` frames of the state at each slot, oldest first."""
+        bs = self.block_size
+        if block is None:
+            block, offset = np.divmod(slots, bs)
         back = np.arange(self.history_len - 1, -1, -1)            # k, oldest first
         pos = offset[:, None] - back                                # offset of frame k back
         prev_base = self._block_prev[block][:, None] * bs + bs
         hist = np.where(pos >= 0, block[:, None] * bs + pos, prev_base + pos)
-        hist = np.where(back <= self._epstep[slots][:, None], hist, self.ZERO_SLOT)
-        nxt = np.where(offset + 1 < bs, slots + 1, self._block_next[block] * bs)
-        return np.concatenate([hist, nxt[:, None]], axis=1)
+        return np.where(back <= self._epstep[slots][:, None], hist, self.ZERO_SLOT)
 
     # ------------------------------------------------------------------ whole episodes
     def episodes(self):
@@ -551,6 +786,8 @@ class BatchWriter:
                 mem._reward[cur] = rewards
                 mem._flags[cur] = flags
                 mem._num_valid += n
+                if mem._priorities is not None:
+                    mem._priorities.on_publish(cur)
         self._advance(lanes, slots, epsteps)
         if any_end:
             self._cur_slot[lanes[ended]] = -1
@@ -563,7 +800,8 @@ class BatchWriter:
         ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
         changed nothing, when the kernel is not built or a lane needs the general path (a full
         block, a slot near a block start, an episode end, a lost life, a bad reward)."""
-        if _acting_ext is None or self._safe <= 0 or self._closed:
+        if _acting_ext is None or self._safe <= 0 or self._closed \
+                or self.memory._priorities is not None:    # the kernel has no priority hook
             return False
         mem = self.memory
         with mem._lock:
@@ -649,6 +887,8 @@ class BatchWriter:
         valid = ~needs_prev | mem._block_prev_intact[block]
         mem._flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
         mem._num_valid += int(np.count_nonzero(valid))
+        if mem._priorities is not None:
+            mem._priorities.on_publish(slots[valid])
 
 
 class LaneWriter:

@@ -31,20 +31,50 @@ most ``maximum_staleness`` of them are in the memory (with one player they run i
 A consumer that prefetches (tensorpack's ``QueueInput`` queues up to 50 batches) trains that
 many batches behind the stream: the ratio holds, but the environments run up to
 ``50 * update_frequency`` steps ahead of the learner.
+
+With ``samples_per_insert=`` instead of ``update_frequency``, a
+:class:`~expreplay.ratelimit.SampleToInsertRatio` decides: after each batch the stream requests
+steps until the limiter admits the next batch, so ``sampled / inserted`` stays within the
+limiter's error buffer of ``samples_per_insert`` (a fractional ratio, e.g. 0.5, is fine).
 """
 
 import logging
+import math
 import os
 import threading
 
 import numpy as np
 
 from ._checks import (check_callable, check_choice, check_dtype, check_int, check_probability,
-                      check_seed, check_shape)
+                      check_real, check_seed, check_shape)
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeTotals
 from .memory import ReplayMemory
+from .ratelimit import SampleToInsertRatio
 
-__all__ = ['ReplayStream', 'PredictorSlot', 'MemoryCheckpoint']
+__all__ = ['ReplayStream', 'PredictorSlot', 'MemoryCheckpoint', 'REPLAY_ARGS_DOC']
+
+# The Rainbow-side arguments, documented once for ReplayStream and ExpReplay (spliced into both
+# docstrings where the line ``REPLAY_ARGS`` stands).
+REPLAY_ARGS_DOC = """\
+        n_step (int): rewards summed per transition (n-step returns, >= 1). With ``n_step > 1``
+            or ``prioritized`` the batches are :class:`~expreplay.memory.SampleBatch` tuples
+            ``(state, action, reward, next_state, discount, is_over, indices, weights)``: the
+            target is ``reward + discount * Q(next_state)``, ``discount`` being ``gamma ** k``
+            for the k steps taken and 0 after a terminal step (see
+            :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`). Otherwise they keep
+            tensorpack's ``[comb_state, action, reward, isOver]``.
+        gamma (float): the discount of the n-step sums, in (0, 1].
+        prioritized (bool): proportional prioritized replay; feed the learner's |TD errors|
+            back with ``update_priorities(batch.indices, td)``.
+        alpha (float): priority exponent in [0, 1].
+        priority_eps (float): added to every priority (> 0).
+        beta (float or callable): importance-sampling exponent in [0, 1], or a schedule
+            ``beta(k)`` of the batch number k (0 for the first batch); None: weights of 1.
+        samples_per_insert (float): instead of ``update_frequency`` (pass None for it): keep
+            this many sampled transitions per inserted one, with a
+            :class:`~expreplay.ratelimit.SampleToInsertRatio` limiter; ``batch_size /
+            update_frequency`` is the equivalent of the fixed schedule.
+"""
 
 logger = logging.getLogger(__name__)
 
@@ -252,6 +282,7 @@ class ReplayStream:
             name may be changed until :meth:`start`.
         on_episode_end (callable): called with every :class:`~expreplay.episodes.EpisodeRecord`,
             from the simulator threads.
+REPLAY_ARGS
     """
 
     def __init__(self, predictor, get_player, num_parallel_players, state_shape, batch_size,
@@ -259,7 +290,9 @@ class ReplayStream:
                  state_dtype='uint8', *, maximum_staleness=None, exploration=1.0, seed=None,
                  layout='NHWC', checkpoint_dir=None, memory=None, progress=True,
                  runner_kwargs=None, manager_kwargs=None, episode_starts=None,
-                 episode_log_dir=None, on_episode_end=None):
+                 episode_log_dir=None, on_episode_end=None, n_step=1, gamma=0.99,
+                 prioritized=False, alpha=0.6, priority_eps=1e-6, beta=None,
+                 samples_per_insert=None):
         self.get_player = check_callable(get_player, 'get_player')
         check_callable(predictor, 'predictor', allow_none=True)
         # Sizes take whole floats (tensorpack's DQN.py passes memory_size=1e6), as ReplayMemory.
@@ -268,13 +301,28 @@ class ReplayStream:
         self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
         self.memory_size = check_int(memory_size, 'memory_size', 1, allow_float=True)
         self.init_memory_size = check_int(init_memory_size, 'init_memory_size', 0, allow_float=True)
-        self.update_frequency = check_int(update_frequency, 'update_frequency', 1, allow_float=True)
+        if samples_per_insert is not None:
+            if update_frequency is not None:
+                raise ValueError("give update_frequency or samples_per_insert, not both "
+                                 "(update_frequency=None with samples_per_insert)")
+            self.samples_per_insert = check_real(samples_per_insert, 'samples_per_insert')
+            if self.samples_per_insert <= 0:
+                raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert!r}")
+            self.update_frequency = None
+        else:
+            if update_frequency is None:
+                raise ValueError("update_frequency is None: give it, or samples_per_insert")
+            self.samples_per_insert = None
+            self.update_frequency = check_int(update_frequency, 'update_frequency', 1, allow_float=True)
         self.history_len = check_int(history_len, 'history_len', 1, allow_float=True)
         if max(self.init_memory_size, self.batch_size) > self.memory_size:
             raise ValueError(f"init_memory_size ({self.init_memory_size}) and batch_size "
                              f"({self.batch_size}) must not exceed memory_size ({self.memory_size})")
         if maximum_staleness is None:
-            maximum_staleness = 2 * self.update_frequency    # as the reference
+            # As the reference: twice the steps requested per batch.
+            per_batch = self.update_frequency if self.update_frequency is not None else \
+                math.ceil(self.batch_size / self.samples_per_insert)
+            maximum_staleness = 2 * max(1, per_batch)
         self.maximum_staleness = check_int(maximum_staleness, 'maximum_staleness', 1,
                                            allow_float=True)
         self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
@@ -300,6 +348,18 @@ class ReplayStream:
         self._manager_kwargs = dict(manager_kwargs or {})
         self._progress = progress
         self._predictor = PredictorSlot(predictor)
+        self.n_step = check_int(n_step, 'n_step', 1)
+        self.gamma = check_real(gamma, 'gamma')
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        if beta is not None and not callable(beta):
+            check_probability(beta, 'beta')
+        self.beta = beta
+        self.prioritized = bool(prioritized)
+        # The named n-step batch whenever the tensorpack 4-list can not carry what is asked.
+        self.named_batches = self.n_step > 1 or self.prioritized
+        self.rate_limiter = None          # built by start() when samples_per_insert is given
+        self._batches_sampled = 0
 
         self.checkpoint = None if checkpoint_dir is None else MemoryCheckpoint(checkpoint_dir)
         if memory is None and self.checkpoint is not None:
@@ -307,7 +367,11 @@ class ReplayStream:
                                           self.state_dtype)
         if memory is None:
             memory = ReplayMemory(self.memory_size, self.state_shape, self.history_len,
-                                  self.state_dtype)
+                                  self.state_dtype, prioritized=self.prioritized, alpha=alpha,
+                                  priority_eps=priority_eps)
+        elif memory.prioritized != self.prioritized:
+            raise ValueError(f"memory: prioritized={memory.prioritized}, but the stream was "
+                             f"asked for prioritized={self.prioritized}")
         self.memory = memory
         self.resumed = len(memory) > 0   # True when the memory came with transitions
         self.fill_steps = 0              # step requests made by the initial fill
@@ -374,9 +438,24 @@ class ReplayStream:
                 if self.episode_log is not None:
                     self.episode_log.close()
                 raise
+        if self.samples_per_insert is not None:
+            self.rate_limiter = self._make_rate_limiter(self._population.runners)
         self._fill()
         self._population.reset_stats()    # statistics windows start with the training
         self._ready.set()
+
+    def _make_rate_limiter(self, runners):
+        """The limiter for ``samples_per_insert``: a step request inserts one transition per
+        env of the runner it steps, so that is the insert chunk; a batch is the sample chunk.
+        The error buffer is the smallest that can not deadlock."""
+        sizes = {getattr(r, 'num_envs', 1) for r in runners}
+        if len(sizes) != 1:
+            raise ValueError("samples_per_insert needs players with the same number of envs "
+                             f"each, got {sorted(sizes)}")
+        per_request = sizes.pop()
+        spi = self.samples_per_insert
+        return SampleToInsertRatio(spi, 1, (per_request * spi + self.batch_size) / 2,
+                                   insert_size=per_request, sample_size=self.batch_size)
 
     def _fill(self):
         """Request steps until the memory holds ``init_memory_size`` transitions (and a batch).
@@ -476,22 +555,50 @@ class ReplayStream:
 
         For a consumer thread that must not do the fill itself: call :meth:`wait_ready` first.
         """
-        memory, population = self.memory, self._population
+        population = self._population
         if population is None:
             raise RuntimeError("the ReplayStream is not started (or closed): call start()")
+        limiter = self.rate_limiter
+        if limiter is not None and limiter.inserts == 0:
+            limiter.try_insert(1)     # the fill stands for min_size_to_sample
         while not self._closed:
-            batch = memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
-            yield batch
             try:
-                population.step(self.exploration, self.update_frequency)
+                if limiter is not None:
+                    # Step until the limiter admits this batch (never waits: this thread is
+                    # both the learner's sampler and the actors' only source of requests).
+                    while not limiter.try_sample(self.batch_size):
+                        population.step(self.exploration)
+                        if not limiter.try_insert(limiter.insert_size):
+                            raise RuntimeError("rate limiter refused both sides (a bug)")
+                batch = self.sample()
             except Exception:
                 if self._closed:   # close() from another thread stopped the manager under us
                     return
                 raise
+            yield batch
+            if limiter is None:
+                try:
+                    population.step(self.exploration, self.update_frequency)
+                except Exception:
+                    if self._closed:
+                        return
+                    raise
 
     def sample(self):
         """One batch, without requesting new environment steps."""
-        return self.memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
+        if not self.named_batches:
+            return self.memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
+        beta = self.beta(self._batches_sampled) if callable(self.beta) else self.beta
+        batch = self.memory.sample(self.batch_size, n_step=self.n_step, gamma=self.gamma,
+                                   beta=beta, layout=self.layout, rng=self._rng)
+        self._batches_sampled += 1
+        return batch
+
+    def update_priorities(self, indices, priorities):
+        """Feed the learner's new priorities (|TD error|) for a batch's ``indices`` back to a
+        prioritized memory; see :meth:`ReplayMemory.update_priorities
+        <expreplay.ReplayMemory.update_priorities>` (stale entries are skipped and counted)."""
+        return self.memory.update_priorities(indices, priorities)
 
     # ------------------------------------------------------------------ statistics
     def stats(self):
@@ -522,6 +629,11 @@ class ReplayStream:
         out['memory_transitions'] = len(self.memory)
         out['memory_fill'] = len(self.memory) / self.memory_size
         out['fill_steps'] = self.fill_steps
+        if self.prioritized:
+            out['stale_priority_updates'] = self.memory.stale_priority_updates
+        if self.rate_limiter is not None:
+            limits = self.rate_limiter.stats()
+            out['samples_per_insert'] = limits['samples'] / max(1, limits['inserts'])
         return out
 
     def reset_stats(self):
@@ -538,3 +650,6 @@ class ReplayStream:
             raise RuntimeError("no checkpoint_dir was given")
         self.checkpoint.save(self.memory)
 
+
+if ReplayStream.__doc__:   # None under python -OO
+    ReplayStream.__doc__ = ReplayStream.__doc__.replace('REPLAY_ARGS\n', REPLAY_ARGS_DOC)

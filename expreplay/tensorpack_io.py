@@ -56,7 +56,7 @@ from tensorpack.utils import logger  # noqa: E402
 from tensorpack.utils.utils import get_tqdm  # noqa: E402
 
 from ._checks import check_int  # noqa: E402
-from .stream import ReplayStream  # noqa: E402
+from .stream import REPLAY_ARGS_DOC, ReplayStream  # noqa: E402
 
 __all__ = ['ExpReplay']
 
@@ -150,6 +150,7 @@ class ExpReplay(DataFlow, Callback):
             False: no episode log.
         on_episode_end (callable): called with every
             :class:`~expreplay.episodes.EpisodeRecord`, from the simulator threads.
+REPLAY_ARGS
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,
@@ -169,7 +170,9 @@ class ExpReplay(DataFlow, Callback):
                  state_dtype='uint8', maximum_staleness=None, *, exploration=1.0, seed=None,
                  layout='NHWC', checkpoint_dir=None, checkpoint_every_k_epochs=None,
                  runner_kwargs=None, manager_kwargs=None, episode_starts=None,
-                 episode_log_dir=None, on_episode_end=None):
+                 episode_log_dir=None, on_episode_end=None, n_step=1, gamma=0.99,
+                 prioritized=False, alpha=0.6, priority_eps=1e-6, beta=None,
+                 samples_per_insert=None):
         if callable(predictor_io_names):
             predictor, self.predictor_io_names = predictor_io_names, None
         else:
@@ -195,7 +198,9 @@ class ExpReplay(DataFlow, Callback):
             layout=layout, checkpoint_dir=checkpoint_dir, progress=_tensorpack_progress,
             runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs,
             episode_starts=episode_starts, on_episode_end=on_episode_end,
-            episode_log_dir=episode_log_dir or None)
+            episode_log_dir=episode_log_dir or None, n_step=n_step, gamma=gamma,
+            prioritized=prioritized, alpha=alpha, priority_eps=priority_eps, beta=beta,
+            samples_per_insert=samples_per_insert)
         # None: follow tensorpack's log directory, which scripts usually set after building
         # the dataflow, so it is read in _before_train.
         self._episode_log_follows_logger = episode_log_dir is None
@@ -304,6 +309,15 @@ class ExpReplay(DataFlow, Callback):
         """Save the memory to ``checkpoint_dir`` now."""
         self.stream.save_memory()
 
+    def update_priorities(self, indices, priorities):
+        """New priorities for a batch's ``indices`` (see :meth:`ReplayStream.update_priorities`);
+        :class:`PriorityFeedback` in ``examples/dqn_model.py`` calls it after every step."""
+        return self.stream.update_priorities(indices, priorities)
+
+
+if ExpReplay.__doc__:   # None under python -OO
+    ExpReplay.__doc__ = ExpReplay.__doc__.replace('REPLAY_ARGS\n', REPLAY_ARGS_DOC)
+
 
 # (monitor name under 'expreplay/', key of ReplayStream.stats())
 _MONITORED = (
@@ -323,4 +337,6 @@ _MONITORED = (
 _STREAM_ATTRIBUTES = frozenset([
     'get_player', 'num_parallel_players', 'state_shape', 'batch_size', 'memory_size',
     'init_memory_size', 'update_frequency', 'history_len', 'state_dtype', 'maximum_staleness',
-    'seed', 'layout', 'checkpoint', 'episode_starts', 'episode_log', 'episode_totals'])
+    'seed', 'layout', 'checkpoint', 'episode_starts', 'episode_log', 'episode_totals',
+    'n_step', 'gamma', 'prioritized', 'beta', 'samples_per_insert', 'rate_limiter',
+    'named_batches'])

@@ -584,6 +584,7 @@ def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
         while not stop.is_set():
             if len(mem) >= 64:
                 sampled.append(mem.sample_batch(64, rng=rng, layout='NCHW'))
+            stop.wait(0.0002)   # pace, as a learner does: an unpaced loop starves the writers
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in range(4)]
     s = threading.Thread(target=sampler)
@@ -631,6 +632,7 @@ def test_a_block_change_never_publishes_into_an_evicted_block():
         while not stop.is_set():
             if len(mem) >= 16:
                 sampled.append(mem.sample_batch(16, rng=rng, layout='NCHW'))
+            stop.wait(0.0002)   # pace, as a learner does: an unpaced loop starves the writers
 
     threads = [threading.Thread(target=writer, args=(k,)) for k in range(num_lanes)]
     s = threading.Thread(target=sampler)

@@ -1,0 +1,122 @@
+"""ReplayStream with n-step returns, prioritized replay and a samples-per-insert rate limiter:
+every batch checked against the scripted envs' logs."""
+
+import numpy as np
+import pytest
+
+from expreplay import ReplayMemory
+from expreplay.memory import SampleBatch
+from scripted_env import decode
+from test_stream import EnvFactory, make_stream, our_threads, prefer, take
+
+HISTORY = 3
+
+
+def check_nstep_batch(batch, envs, n, gamma, layout='NHWC'):
+    """Every transition of a SampleBatch against the envs' logs (all n-step fields)."""
+    state, next_state = np.asarray(batch.state), np.asarray(batch.next_state)
+    if layout == 'NHWC':
+        state, next_state = np.moveaxis(state, -1, 1), np.moveaxis(next_state, -1, 1)
+    for b in range(len(batch.action)):
+        ids = [decode(f) for f in state[b]]
+        env_id, ep, t = ids[-1]
+        assert ids == [(env_id, ep, t - j) if t >= j else None for j in range(HISTORY - 1, -1, -1)]
+        nxt = [decode(f) for f in next_state[b]]
+        env_id2, ep2, tk = nxt[-1]
+        assert (env_id2, ep2) == (env_id, ep), "the window left the episode"
+        assert nxt == [(env_id, ep, tk - j) if tk >= j else None for j in range(HISTORY - 1, -1, -1)]
+        k = tk - t
+        assert 1 <= k <= n
+        log = envs[env_id].transitions
+        recs = [log[(ep, t + j)] for j in range(k)]
+        assert batch.action[b] == recs[0][0]
+        assert batch.reward[b] == pytest.approx(
+            sum(gamma ** j * r[1] for j, r in enumerate(recs)), abs=1e-4)
+        # Only the last step of the window may end the episode.
+        assert not any(r[2] or r[3] for r in recs[:-1])
+        terminated = bool(recs[-1][2])
+        assert bool(batch.is_over[b]) == terminated
+        assert batch.discount[b] == pytest.approx(0.0 if terminated else gamma ** k)
+    return len(batch.action)
+
+
+@pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
+def test_n_step_stream_batches_are_right(layout):
+    factory = EnvFactory(episode_lengths=(7, 2, 12, 1), ends=('terminated', 'truncated'))
+    with make_stream(factory, prefer(1), layout=layout, exploration=0.5, n_step=3,
+                     gamma=0.9) as stream:
+        batches = take(iter(stream), 60)
+    for batch in batches:
+        assert isinstance(batch, SampleBatch)
+        assert np.all(batch.weights == 1)
+        assert check_nstep_batch(batch, factory.envs, 3, 0.9, layout) == 16
+    assert our_threads() == []
+
+
+def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback():
+    factory = EnvFactory(episode_lengths=(9, 4), ends=('terminated', 'truncated'))
+    seen = []
+
+    def beta(k):
+        seen.append(k)
+        return min(1.0, 0.4 + 0.01 * k)
+
+    with make_stream(factory, prefer(0), exploration=0.3, prioritized=True, alpha=0.7,
+                     beta=beta, n_step=2, gamma=0.95) as stream:
+        assert stream.memory.prioritized and stream.memory._priorities.alpha == 0.7
+        batches = iter(stream)
+        for _ in range(80):
+            batch = next(batches)
+            check_nstep_batch(batch, factory.envs, 2, 0.95)
+            assert np.all((batch.weights > 0) & (batch.weights <= 1 + 1e-6))
+            stream.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
+        stats = stream.stats()
+    assert seen == list(range(80))
+    assert stats['stale_priority_updates'] == stream.memory.stale_priority_updates
+    assert our_threads() == []
+
+
+@pytest.mark.parametrize('players,spi', [(1, 4.0), (3, 2.0), (2, 0.5)])
+def test_samples_per_insert_keeps_the_ratio(players, spi):
+    factory = EnvFactory()
+    stream = make_stream(factory, num_parallel_players=players, update_frequency=None,
+                         samples_per_insert=spi, maximum_staleness=5, init_memory_size=50)
+    with stream:
+        for k, _ in enumerate(stream, start=1):
+            lim = stream.rate_limiter
+            s = lim.stats()
+            # Every batch handed out was admitted: the diff stays in the limiter's band.
+            assert lim.min_diff <= s['diff'] <= lim.max_diff
+            assert s['samples'] == 16 * k
+            if k == 150:
+                break
+        written = stream.memory.num_steps_written
+        requests = stream.fill_steps + lim.inserts - 1
+    # Samples per inserted (requested) transition, past the fill: the ratio, within the buffer.
+    assert abs((lim.inserts - 1) * spi - 150 * 16) <= lim.error_buffer + 16 + spi
+    assert requests - 5 <= written <= requests
+    assert our_threads() == []
+
+
+@pytest.mark.parametrize('kwargs,error,name', [
+    (dict(samples_per_insert=4.0), ValueError, 'update_frequency'),       # both given
+    (dict(update_frequency=None), ValueError, 'update_frequency'),        # neither
+    (dict(update_frequency=None, samples_per_insert=0.0), ValueError, 'samples_per_insert'),
+    (dict(n_step=0), ValueError, 'n_step'),
+    (dict(gamma=0.0), ValueError, 'gamma'),
+    (dict(beta=1.5), ValueError, 'beta'),
+    (dict(prioritized=True, alpha=2.0), ValueError, 'alpha'),
+    (dict(memory=ReplayMemory(600, (6,), HISTORY), prioritized=True), ValueError, 'prioritized'),
+])
+def test_bad_rainbow_arguments(kwargs, error, name):
+    with pytest.raises(error, match=name):
+        make_stream(EnvFactory(), **kwargs)
+
+
+def test_plain_stream_keeps_the_tensorpack_batch():
+    factory = EnvFactory()
+    with make_stream(factory, gamma=0.9) as stream:
+        batch = next(iter(stream))
+    assert isinstance(batch, list) and len(batch) == 4
+    with pytest.raises(ValueError, match='prioritized'):
+        stream.update_priorities([0], [1.0])
