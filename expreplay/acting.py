@@ -31,6 +31,7 @@ from ._checks import check_bool, check_callable, check_int, check_probability
 from .envs import NO_LIVES, FrameFormat, FrameHistory, adapt_env
 from .episodes import EpisodeStart, RestartPoint, make_record
 from .errors import EnvError, PredictorError
+from .memory import _FLOAT32_MAX, check_rewards   # the memory's rule for rewards
 
 try:  # optional, built by setup.py when a C compiler is available
     from . import _acting_ext
@@ -560,9 +561,9 @@ class ActingGroup:
                     self._observe_stepped(stepped, actions)
                 return
         # The memory's rules for what the envs returned, checked on the whole batch at once.
-        if not np.abs(rew[:m]).max() <= _F32_MAX:
+        if not np.abs(rew[:m]).max() <= _FLOAT32_MAX:
             failed += [(j, ValueError(f"reward {rew[j]!r} is not finite or does not fit float32"))
-                       for j in np.flatnonzero(~(np.abs(rew[:m]) <= _F32_MAX)).tolist()]
+                       for j in np.flatnonzero(~(np.abs(rew[:m]) <= _FLOAT32_MAX)).tolist()]
         if dtype.kind == 'f' and not np.isfinite(obs_buf[:m]).all():
             failed += [(j, ValueError("observation holds NaN or inf")) for j in
                        np.flatnonzero(~np.isfinite(obs_buf[:m].reshape(m, -1)).all(axis=1)).tolist()]
@@ -586,7 +587,7 @@ class ActingGroup:
         try:
             res = runner._adapter.step(actions)
             frames = self._format.batch(res.obs, len(res.env_ids))
-            self._check_rewards(res.reward)
+            check_rewards(res.reward, 'player rewards')
         except Exception as err:
             self._fail(k, self._env_error(runner, 'step', err), failures)
             return
@@ -598,7 +599,7 @@ class ActingGroup:
         try:
             res = runner._adapter.recv()
             frames = self._format.batch(res.obs, len(res.env_ids))
-            self._check_rewards(res.reward)
+            check_rewards(res.reward, 'player rewards')
         except Exception as err:
             runner.needs_reset = True
             self._close_lanes(self.runner_lanes[0])
@@ -618,11 +619,6 @@ class ActingGroup:
             self._fail(0, self._env_error(runner, 'send', err), failures)
             return failures
         return []
-
-    @staticmethod
-    def _check_rewards(reward):
-        if not (np.abs(np.asarray(reward, np.float64)) <= _F32_MAX).all():
-            raise ValueError(f"rewards {reward!r} are not all finite numbers that fit float32")
 
     def _store_results(self, k, res, frames, actions):
         """Store a vector runner's :class:`~expreplay.envs.Results` (steps and starts)."""
@@ -885,5 +881,4 @@ class ActingGroup:
             self._writer.close()
 
 
-_F32_MAX = float(np.finfo(np.float32).max)
 _DRAWS = 256
