@@ -208,17 +208,24 @@ static PyObject *draw_actions(PyObject *self, PyObject *args)
 }
 
 
-/* greedy_actions(q, greedy, actions): actions[greedy[i]] = argmax(q[i]) for the rows of the
- * (g, num_actions) float32 or float64 Q-values (checked finite by the caller). numpy's argmax
- * would do the same but release the GIL, which a simulator thread then waits to win back. */
+/* greedy_actions(q, greedy, actions) -> 0: actions[greedy[i]] = argmax(q[i]) for the rows of
+ * the (len(greedy), A) float32 or float64 C-contiguous Q-values, A = the actions' range; or,
+ * having changed nothing: -1 when a Q-value is NaN or infinite, -2 when q is not such an array
+ * (the caller's checks then say what is wrong). numpy's argmax would do the same but release
+ * the GIL, which a simulator thread then waits to win back. */
 static PyObject *greedy_actions(PyObject *self, PyObject *args)
 {
     PyObject *qo, *go, *ao;
-    if (!PyArg_ParseTuple(args, "OOO", &qo, &go, &ao))
+    Py_ssize_t num_actions;
+    if (!PyArg_ParseTuple(args, "OOOn", &qo, &go, &ao, &num_actions))
         return NULL;
+    if (!PyObject_CheckBuffer(qo))
+        return PyLong_FromLong(-2);
     Py_buffer q, g, a;
-    if (PyObject_GetBuffer(qo, &q, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0)
-        return NULL;
+    if (PyObject_GetBuffer(qo, &q, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_ND) < 0) {
+        PyErr_Clear();                  /* e.g. a strided view: the caller's numpy path */
+        return PyLong_FromLong(-2);
+    }
     if (PyObject_GetBuffer(go, &g, PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&q);
         return NULL;
@@ -229,20 +236,32 @@ static PyObject *greedy_actions(PyObject *self, PyObject *args)
         return NULL;
     }
     PyObject *result = NULL;
+    long status = 0;
     Py_ssize_t rows = g.len / 8, na = a.len / 8;
-    int is_f = q.format && strcmp(q.format, "f") == 0, is_d = q.format && strcmp(q.format, "d") == 0;
-    if (q.ndim != 2 || q.shape[0] != rows || q.shape[1] < 1 || !(is_f || is_d)) {
-        PyErr_SetString(PyExc_ValueError, "greedy_actions: q must be (len(greedy), A) float32/64");
+    const char *fmt = q.format ? q.format : "B";
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<') fmt++;
+    int is_f = strcmp(fmt, "f") == 0, is_d = strcmp(fmt, "d") == 0;
+    if (q.ndim != 2 || q.shape[0] != rows || q.shape[1] != num_actions || num_actions < 1
+        || !(is_f || is_d)) {
+        status = -2;
         goto done;
     }
-    Py_ssize_t A = q.shape[1];
+    const Py_ssize_t A = num_actions, total = rows * A;
+    if (is_f) {
+        for (Py_ssize_t i = 0; i < total; i++)
+            if (!isfinite(((const float *)q.buf)[i])) { status = -1; goto done; }
+    } else {
+        for (Py_ssize_t i = 0; i < total; i++)
+            if (!isfinite(((const double *)q.buf)[i])) { status = -1; goto done; }
+    }
     const int64_t *gi = g.buf;
     int64_t *act = a.buf;
-    for (Py_ssize_t i = 0; i < rows; i++) {
+    for (Py_ssize_t i = 0; i < rows; i++)
         if (gi[i] < 0 || gi[i] >= na) {
             PyErr_SetString(PyExc_IndexError, "greedy_actions: row out of range");
             goto done;
         }
+    for (Py_ssize_t i = 0; i < rows; i++) {
         Py_ssize_t best = 0;
         if (is_f) {
             const float *r = (const float *)q.buf + i * A;
@@ -253,18 +272,63 @@ static PyObject *greedy_actions(PyObject *self, PyObject *args)
         }
         act[gi[i]] = best;
     }
-    Py_INCREF(Py_None);
-    result = Py_None;
 done:
+    if (!PyErr_Occurred())
+        result = PyLong_FromLong(status);
     PyBuffer_Release(&q);
     PyBuffer_Release(&g);
     PyBuffer_Release(&a);
     return result;
 }
 
+
+/* history_rows(lanes, pos, base, history_len, rows): rows[j, k] = the FrameHistory row of
+ * lane lanes[j]'s k-th frame, oldest first: base[l] + (pos[l] + 1 + k) % history_len (the ring
+ * invariant of expreplay/envs.py). int64 arrays; rows (at least len(lanes) * history_len).
+ * What five numpy calls on a few lanes cost ~5 microseconds for. */
+static PyObject *history_rows(PyObject *self, PyObject *args)
+{
+    PyObject *o[4];
+    Py_ssize_t h;
+    if (!PyArg_ParseTuple(args, "OOOnO", &o[0], &o[1], &o[2], &h, &o[3]))
+        return NULL;
+    Buf b[4];
+    memset(b, 0, sizeof(b));
+    const int writable[4] = {0, 0, 0, 1};
+    static const char *names[4] = {"lanes", "pos", "base", "rows"};
+    for (int i = 0; i < 4; i++) {
+        if (get(o[i], &b[i], writable[i], 8, 0, names[i]) < 0) {
+            release(b, 4);
+            return NULL;
+        }
+    }
+    Py_ssize_t n = b[0].b.len / 8, nlanes = b[1].b.len / 8;
+    if (h < 1 || b[2].b.len / 8 != nlanes || b[3].b.len / 8 < n * h) {
+        release(b, 4);
+        PyErr_SetString(PyExc_ValueError, "history_rows: inconsistent array sizes");
+        return NULL;
+    }
+    const int64_t *lanes = b[0].b.buf, *pos = b[1].b.buf, *base = b[2].b.buf;
+    int64_t *rows = b[3].b.buf;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t l = lanes[j];
+        if (l < 0 || l >= nlanes) {
+            release(b, 4);
+            PyErr_SetString(PyExc_IndexError, "history_rows: lane out of range");
+            return NULL;
+        }
+        for (Py_ssize_t k = 0; k < h; k++)
+            rows[j * h + k] = base[l] + (pos[l] + 1 + k) % h;
+    }
+    release(b, 4);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"greedy_actions", greedy_actions, METH_VARARGS,
-     "actions[greedy[i]] = argmax(q[i]) without releasing the GIL."},
+     "actions[greedy[i]] = argmax(q[i]) without releasing the GIL; -1 non-finite, -2 not handled."},
+    {"history_rows", history_rows, METH_VARARGS,
+     "The FrameHistory rows of the lanes' states, oldest frame first."},
     {"draw_actions", draw_actions, METH_VARARGS,
      "Epsilon-greedy draws of a batch of lanes from pre-drawn uniforms; -1: refill first."},
     {"store_steps", store_steps, METH_VARARGS,

@@ -53,6 +53,8 @@ def check_real(value, name, minimum=None, maximum=None, *, finite=True):
 
 def check_probability(value, name):
     """A probability in [0, 1]."""
+    if type(value) is float and 0.0 <= value <= 1.0:     # the per-step case, first
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) \
             or not 0.0 <= float(value) <= 1.0:
         raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")

@@ -418,7 +418,9 @@ class ActingGroup:
         if self._pending is not None:
             raise RuntimeError("begin called twice without finish")
         members = self._all_members if members is None else np.asarray(members, np.int64)
-        if isinstance(exploration, (list, tuple, np.ndarray)):
+        if type(exploration) is float and 0.0 <= exploration <= 1.0:    # the per-step case
+            eps = exploration
+        elif isinstance(exploration, (list, tuple, np.ndarray)):
             eps = np.asarray(exploration, np.float64)
             if eps.shape != members.shape or not ((eps >= 0) & (eps <= 1)).all():
                 raise ValueError(f"exploration must be probabilities in [0, 1], one per member, "
@@ -483,17 +485,18 @@ class ActingGroup:
         members, lanes, actions, greedy = self._pending
         self._pending = None
         if len(greedy):
-            q = check_q_values(as_q_values(q_values), len(greedy), self.num_actions)
-            if _acting_ext is not None and q.dtype.kind == 'f' and q.itemsize in (4, 8) \
-                    and q.flags.c_contiguous:
-                _acting_ext.greedy_actions(q, greedy, actions)
-            else:
+            q = as_q_values(q_values)
+            # The kernel checks and acts on the common case (float32/64 Q-values, all finite);
+            # anything else goes through the checks, which say what is wrong or convert.
+            if _acting_ext is None or _acting_ext.greedy_actions(q, greedy, actions, self.num_actions):
+                q = check_q_values(q, len(greedy), self.num_actions)
                 actions[greedy] = q.argmax(axis=1)
         if self.is_async:
             return self._send(lanes, actions)
         failures = []
         if self.singles:
-            self._step_singles(members, actions, failures)
+            if self._step_singles(members, actions, failures):
+                return failures        # the common case: no episode ended, nothing to reset
         else:
             offset = 0
             for k in members.tolist():
@@ -538,7 +541,8 @@ class ActingGroup:
         runners = self.runners
         failed = []
         acts = actions.tolist()
-        for j, k in enumerate(members.tolist()):
+        member_ids = members.tolist()
+        for j, k in enumerate(member_ids):
             try:
                 obs, rew[j], term[j], trunc[j], lives[j] = runners[k]._adapter.step_one(acts[j])
                 if type(obs) is not np.ndarray or obs.shape != shape or obs.dtype != dtype:
@@ -548,18 +552,18 @@ class ActingGroup:
                 failed.append((j, err))
         m = len(members)
         if not failed and (dtype.kind != 'f' or np.isfinite(obs_buf[:m]).all()):
-            stepped = members
-            rows = slice(None, m)
-            # The common case in one C call (it checks the rewards itself).
-            if self._writer.add_steps_with_history(stepped, actions, rew[rows], obs_buf[rows],
-                                                   term[rows], trunc[rows], lives[rows],
-                                                   self._history, self._score, self._length,
-                                                   self._lives):
-                for k in stepped.tolist():
+            # The common case in one C call (it checks the rewards itself); the buffers are
+            # sliced only when some runners did not step.
+            args = (obs_buf, term, trunc, lives, rew) if m == len(obs_buf) else \
+                (obs_buf[:m], term[:m], trunc[:m], lives[:m], rew[:m])
+            if self._writer.add_steps_with_history(members, actions, args[4], args[0], args[1],
+                                                   args[2], args[3], self._history, self._score,
+                                                   self._length, self._lives):
+                for k in member_ids:
                     runners[k].steps += 1
                 if self._observers:
-                    self._observe_stepped(stepped, actions)
-                return
+                    self._observe_stepped(members, actions)
+                return not self._finished
         # The memory's rules for what the envs returned, checked on the whole batch at once.
         if not np.abs(rew[:m]).max() <= _FLOAT32_MAX:
             failed += [(j, ValueError(f"reward {rew[j]!r} is not finite or does not fit float32"))
@@ -581,6 +585,7 @@ class ActingGroup:
             runners[k].steps += 1
         self._store(stepped, actions[rows], obs_buf[rows], rew[rows], term[rows], trunc[rows],
                     lives[rows], fast=False)
+        return False
 
     def _step_vector(self, k, actions, failures):
         runner = self.runners[k]

@@ -38,6 +38,11 @@ import numpy as np
 from ._gather import gather_history
 from .memory import as_frame, check_frames
 
+try:  # optional, built by setup.py when a C compiler is available
+    from . import _acting_ext
+except ImportError:
+    _acting_ext = None
+
 __all__ = ['Results', 'EnvAdapter', 'SingleEnvAdapter', 'VectorEnvAdapter', 'AsyncVectorAdapter',
            'adapt_env', 'FrameFormat', 'FrameHistory', 'NO_LIVES']
 
@@ -624,6 +629,7 @@ class FrameHistory:
         self._pos = np.zeros(num_lanes, np.int64)
         self._base = np.arange(num_lanes, dtype=np.int64) * h     # each lane's first row
         self._ring = np.arange(1, h + 1)
+        self._rows = np.zeros((num_lanes, h), np.intp)             # states()' scratch
 
     def start(self, lanes, frames):
         """Begin a new episode in each of ``lanes`` with its first frame ``frames[j]``."""
@@ -648,6 +654,10 @@ class FrameHistory:
         return self._frames[lane * self.history_len + self._pos[lane]]
 
     def states(self, lanes):
-        """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
-        rows = self._base[lanes][:, None] + (self._pos[lanes][:, None] + self._ring) % self.history_len
+        """Stacked states of ``lanes`` (int64): ``(len(lanes), *state_shape, history_len)``."""
+        if _acting_ext is not None:
+            rows = self._rows[:len(lanes)]
+            _acting_ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
+        else:
+            rows = self._base[lanes][:, None] + (self._pos[lanes][:, None] + self._ring) % self.history_len
         return gather_history(self._frames, rows)

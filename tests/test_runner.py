@@ -982,10 +982,11 @@ class WrongQ:
     (lambda n: np.zeros((n, 9)), r'shape \(\d+, 9\).*num_actions=3'),        # too many columns
     (lambda n: np.zeros((n, 1)), r'shape \(\d+, 1\).*num_actions=3'),        # one column
     (lambda n: np.full((n, 3), np.nan), 'non-finite'),                        # all NaN
+    (lambda n: np.tile(np.float32([0, 1, np.inf]), (n, 1)), 'non-finite'),     # one inf, float32
     (lambda n: np.full((n, 3), 'a'), 'dtype'),                                # strings
     (lambda n: np.array([[object()] * 3] * n), 'dtype'),                      # objects
     (lambda n: [np.zeros((n + 1, 3))], r'shape'),                             # wrong row count
-], ids=['9-columns', '1-column', 'nan', 'strings', 'objects', 'rows'])
+], ids=['9-columns', '1-column', 'nan', 'inf32', 'strings', 'objects', 'rows'])
 @pytest.mark.parametrize('n_runners', [1, 3], ids=['inline', 'threads'])
 def test_bad_q_values_are_a_predictor_error_and_no_action_reaches_an_env(bad, match, n_runners):
     envs = {i: ScriptedEnv(i) for i in range(n_runners)}
@@ -1000,8 +1001,12 @@ def test_bad_q_values_are_a_predictor_error_and_no_action_reaches_an_env(bad, ma
     assert all(a < 3 for e in envs.values() for (a, *_) in e.transitions.values())
 
 
-def test_predictor_may_return_the_q_array_or_tensorpack_s_list():
-    for wrap in (lambda q: q, lambda q: [q], lambda q: (q, 'extra output')):
+def test_predictor_may_return_the_q_array_or_tensorpack_s_list(kernels):
+    # Also Q-values the acting kernel does not take (integers, float16, a strided view):
+    # the checked numpy path acts on them the same.
+    for wrap in (lambda q: q, lambda q: [q], lambda q: (q, 'extra output'),
+                 lambda q: q.astype(np.int64), lambda q: q.astype(np.float16),
+                 lambda q: np.repeat(q, 2, axis=1)[:, ::2], lambda q: q.astype(np.float64)):
         env = ScriptedEnv(0)
         inner = StepPredictor()
         runner = EnvRunner(env, lambda s: wrap(inner(s)[0]), ReplayMemory(200, (6,), H), H)
