@@ -654,8 +654,9 @@ class FrameHistory:
         return self._frames[lane * self.history_len + self._pos[lane]]
 
     def states(self, lanes):
-        """Stacked states of ``lanes`` (int64): ``(len(lanes), *state_shape, history_len)``."""
+        """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
         if _acting_ext is not None:
+            lanes = np.asarray(lanes, np.int64)
             rows = self._rows[:len(lanes)]
             _acting_ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
         else:
