@@ -9,14 +9,16 @@ Configurations, measured in the same run, interleaved (each round measures every
 turn; figures are medians over rounds):
 
 - ``in-process``: the default population: 8 single-env runners (one env each) through
-  ``EnvRunnerManager(runners, 8)`` with its defaults (a simulator thread per runner, batched
+  ``EnvRunnerManager(runners, 8)`` with its defaults (one pipelined simulator thread, batched
   inference). All 8 envs share this process's GIL.
-- ``ray 1x(2x4)``: one ``EnvRunner`` over ``RayVectorEnv(make_env, 2, 4)``: each step sends the
-  actions to both actors, which step their 4 envs each in their own processes, and waits for both
-  (the sync ``step`` path of the current acting layer).
+- ``ray 1x(2x4)``: one ``EnvRunner`` over ``RayVectorEnv(make_env, 2, 4)``, which the acting
+  layer drives through ``recv``/``send`` (an asynchronous engine): while one actor steps its 4
+  envs, the learner predicts and stores the other's.
 - ``ray 2x(1x4)``: two ``EnvRunner`` s, each over a ``RayVectorEnv(make_env, 1, 4)``, in the same
-  manager: while one runner's actor steps its envs, the other runner infers and writes (the same
-  2 actors x 4 envs, kept in flight by two simulator threads).
+  manager (a simulator thread each).
+- ``ray async 2x4``: the 2x4 env driven by a bare loop written in this script (recv, one
+  forward pass, epsilon-greedy, per-env memory writes, send): a reference for the product's
+  acting layer over the same transport.
 
 Printed per configuration: steps/s written to the memory; for the Ray ones, the payload bytes per
 transferred env step (frames, rewards, flags: what the actor returns, one array per actor and
