@@ -554,10 +554,10 @@ class ActingGroup:
         if not failed and (dtype.kind != 'f' or np.isfinite(obs_buf[:m]).all()):
             # The common case in one C call (it checks the rewards itself); the buffers are
             # sliced only when some runners did not step.
-            args = (obs_buf, term, trunc, lives, rew) if m == len(obs_buf) else \
-                (obs_buf[:m], term[:m], trunc[:m], lives[:m], rew[:m])
-            if self._writer.add_steps_with_history(members, actions, args[4], args[0], args[1],
-                                                   args[2], args[3], self._history, self._score,
+            if m < len(obs_buf):
+                obs_buf, rew, term, trunc, lives = obs_buf[:m], rew[:m], term[:m], trunc[:m], lives[:m]
+            if self._writer.add_steps_with_history(members, actions, rew, obs_buf, term, trunc,
+                                                   lives, self._history, self._score,
                                                    self._length, self._lives):
                 for k in member_ids:
                     runners[k].steps += 1
