@@ -490,6 +490,11 @@ class ReplayMemory:
         return 0 if self._priorities is None else self._priorities.stale_updates
 
     @property
+    def _priority_leaves(self):
+        """The priority tree's leaves (one per slot) for the checkpoint; None when uniform."""
+        return None if self._priorities is None else self._priorities.tree.leaves
+
+    @property
     def prioritized(self):
         """Whether :meth:`sample` draws by priority."""
         return self._priorities is not None
@@ -647,17 +652,23 @@ class ReplayMemory:
         return size
 
     @classmethod
-    def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None):
+    def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None,
+             block_size=None, prioritized=None, alpha=None, priority_eps=None):
         """Load a memory saved by :meth:`save`: its written slots bit-identical, its
-        transitions sampled as before.
+        transitions sampled as before (a prioritized memory keeps its priorities, its running
+        maximum priority and its stale-update count, so it draws exactly as it did).
 
-        Pass the configuration you expect (any of ``max_size``, ``state_shape``,
-        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused.
+        The memory is built with the checkpoint's settings. Pass the settings you expect (any
+        of ``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
+        ``prioritized``, ``alpha``, ``priority_eps``) to have a checkpoint of other settings
+        refused, naming each setting that differs (``alpha`` and ``priority_eps`` are compared
+        when either side is prioritized). Checkpoints of format 2 (before priorities were
+        saved) load as uniform memories.
 
         Raises:
             CheckpointError: (a ``ValueError``) the file is empty, truncated, corrupt, crafted
-                (its tables break the memory's invariants) or of another configuration; the
-                message names the file and what is wrong.
+                (its tables break the memory's invariants) or of other settings; the message
+                names the file and what is wrong.
             FileNotFoundError: there is no file at ``path``.
         """
         path = os.fspath(path)
@@ -667,7 +678,13 @@ class ReplayMemory:
             history_len=None if history_len is None else check_int(history_len, 'history_len', 1,
                                                                    allow_float=True),
             state_shape=None if state_shape is None else check_shape(state_shape, 'state_shape'),
-            dtype=None if dtype is None else check_dtype(dtype, 'dtype').str)
+            dtype=None if dtype is None else check_dtype(dtype, 'dtype').str,
+            block_size=None if block_size is None else check_int(block_size, 'block_size', 1,
+                                                                 allow_float=True),
+            prioritized=None if prioritized is None else check_bool(prioritized, 'prioritized'),
+            alpha=None if alpha is None else check_probability(alpha, 'alpha'),
+            priority_eps=None if priority_eps is None else check_real(priority_eps,
+                                                                      'priority_eps'))
         return _checkpoint.load(cls, path, expected)
 
 

@@ -66,6 +66,26 @@ class SumMinTree:
         """The smallest present (non-zero) leaf; ``inf`` when none is present."""
         return float(self._min[0][0])
 
+    @property
+    def leaves(self):
+        """The ``capacity`` leaf values as a writable view (for a checkpoint to read into;
+        call :meth:`rebuild` after writing to it)."""
+        return self._sum[-1][:self.capacity]
+
+    def rebuild(self):
+        """Recompute every inner node (sums and minima) from the leaves.
+
+        Inner nodes are always a function of their children alone (see :meth:`set`), so the
+        rebuilt tree is the tree that held those leaves, bit for bit.
+        """
+        leaves = self._sum[-1]
+        self._min[-1][:] = np.where(leaves > 0, leaves, np.inf)
+        add, minimum = np.add.reduce, np.minimum.reduce
+        for level in range(self.depth - 1, -1, -1):
+            rows = self._sum_rows[level + 1]
+            self._sum[level][:len(rows)] = add(rows, axis=1)
+            self._min[level][:len(rows)] = minimum(self._min_rows[level + 1], axis=1)
+
     def get(self, idx):
         """Leaf values at ``idx``."""
         return self._sum[-1][idx]
