@@ -18,8 +18,12 @@ expects exactly the tables of the memory that setting builds. The tree's inner n
 stored: they are a function of the leaves, rebuilt on load bit for bit, so a loaded memory
 draws exactly as the saved one did.
 
-Version history: 2 had no priorities (its files load as uniform memories); 3 adds
-``priority`` and the prioritized settings.
+The memory's extra per-step fields (``ReplayMemory(extra_fields=...)``) are ``slot`` tables
+named ``extra.<field>``, after the registry's; ``meta['extra_fields']`` lists them in order as
+``[name, dtype]`` pairs.
+
+Version history: 2 had no priorities and no extra fields (its files load as uniform memories
+without extra fields); 3 adds ``priority``, the prioritized settings and the extra fields.
 
 To add a table (e.g. per-slot priorities): give ``ReplayMemory`` the array, add it to
 :data:`TABLES` (a ``slot`` table's first axis is the slot), add its rules to :func:`validate`
@@ -57,6 +61,7 @@ except ImportError:      # not on Windows: liveness of a temporary file falls ba
 
 from . import memory as _mem   # its slot flags and block states (read at call time: a cycle)
 from ._checks import check_dtype, check_int, check_real, check_shape
+from ._inputs import check_extra_fields
 
 logger = logging.getLogger('expreplay.memory')
 
@@ -192,24 +197,30 @@ def _write_entry(zf, name, dtype, shape, chunks):
                 fp.write(np.ascontiguousarray(chunk).data.cast('B'))
 
 
+EXTRA_PREFIX = 'extra.'
+
+
 def tables_of(mem):
     """name -> (array, kind): the tables of :data:`TABLES` this memory has (its attribute is
-    not None), in registry order."""
+    not None), in registry order, then its extra fields' slot tables."""
     out = {}
     for name, (attr, kind) in TABLES.items():
         arr = getattr(mem, attr)
         if arr is not None:
             out[name] = (arr, kind)
+    for field, arr in mem._extras.items():
+        out[EXTRA_PREFIX + field] = (arr, 'slot')
     return out
 
 
 def _settings(mem):
     """The prioritized settings and state that go into ``meta``."""
+    extra = dict(extra_fields=[[name, arr.dtype.str] for name, arr in mem._extras.items()])
     prio = mem._priorities
     if prio is None:
-        return dict(prioritized=False)
+        return dict(prioritized=False, **extra)
     return dict(prioritized=True, alpha=prio.alpha, priority_eps=prio.eps,
-                max_priority=prio.max_priority, stale_priority_updates=prio.stale_updates)
+                max_priority=prio.max_priority, stale_priority_updates=prio.stale_updates, **extra)
 
 
 def _tables_to_write(mem):
@@ -434,10 +445,11 @@ def _load(cls, reader, expected):
     if num_blocks is None:
         reader.fail(f"bad metadata: block_size ({bs}) > max_size ({max_size})")
     reader.open('block_fill', np.int64, (num_blocks,)).close()   # fails naming what is wrong
-    prio_kwargs = {k: config[k] for k in ('prioritized', 'alpha', 'priority_eps') if k in config}
+    kwargs = {k: config[k] for k in ('prioritized', 'alpha', 'priority_eps', 'extra_fields')
+              if k in config}
     try:
         mem = cls(max_size, config['state_shape'], config['history_len'], config['dtype'],
-                  block_size=bs, **prio_kwargs)
+                  block_size=bs, **kwargs)
     except (TypeError, ValueError) as err:
         reader.fail(f"bad metadata: {err}")
 
@@ -483,13 +495,20 @@ def _load(cls, reader, expected):
 
 
 def _read_settings(meta):
-    """The prioritized settings of ``meta`` (a file without them is of a uniform memory)."""
+    """The prioritized settings and extra fields of ``meta`` (a file without them is of a
+    uniform memory without extra fields)."""
+    pairs = meta.get('extra_fields', [])
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise ValueError(f"extra_fields must be a list of [name, dtype] pairs, got {pairs!r}")
+    if len({name for name, _ in pairs if isinstance(name, str)}) != len(pairs):
+        raise ValueError(f"extra_fields must name distinct fields, got {pairs!r}")
+    extra_fields = {name: dtype.name for name, dtype in check_extra_fields(dict(pairs)).items()}
     prioritized = meta.get('prioritized', False)
     if not isinstance(prioritized, bool):
         raise ValueError(f"prioritized must be a bool, got {prioritized!r}")
     if not prioritized:
-        return dict(prioritized=False)
-    return dict(prioritized=True,
+        return dict(prioritized=False, extra_fields=extra_fields)
+    return dict(prioritized=True, extra_fields=extra_fields,
                 alpha=check_real(meta.get('alpha'), 'alpha'),
                 priority_eps=check_real(meta.get('priority_eps'), 'priority_eps'),
                 max_priority=check_real(meta.get('max_priority'), 'max_priority', minimum=0.0),

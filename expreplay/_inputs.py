@@ -12,8 +12,10 @@ import numbers
 
 import numpy as np
 
+from ._checks import check_dtype
+
 __all__ = ['as_frame', 'check_frames', 'check_rewards', 'check_actions', 'check_flags',
-           'check_action', 'check_reward']
+           'check_action', 'check_reward', 'check_extra_fields', 'check_extras']
 
 # The rules of what may enter the memory. Each has a one-value form (used per step by the
 # writers) and a vectorized form (for batch writers); both raise the same errors.
@@ -83,7 +85,7 @@ def check_flags(flags, name):
     return arr
 
 
-def _unstorable(arr, dtype):
+def _unstorable(arr, dtype, what='frames'):
     """Why ``arr`` can not be stored as ``dtype`` exactly: None, or (flat index or None, reason).
 
     Integers must fit (no wrap-around), bools hold 0 and 1 only, a float memory takes finite
@@ -125,7 +127,7 @@ def _unstorable(arr, dtype):
             v = float(arr.flat[k])
             what = ('a NaN' if math.isnan(v) else 'an inf' if math.isinf(v)
                     else f"{v:g}, beyond the range of {dtype}")
-            return k, f"holds {what}, which can not be stored as {dtype}: frames must be finite"
+            return k, f"holds {what}, which can not be stored as {dtype}: {what} must be finite"
         return None
     if src.kind in 'iu' and src.itemsize * 8 > info.nmant + 1:
         # Exact iff the odd part of |v| has at most nmant + 1 bits (int64 fits float32's range).
@@ -180,3 +182,61 @@ def check_frames(frames, state_shape, dtype, name):
         frame_size = max(1, int(np.prod(state_shape)))
         raise ValueError(f"{name}[{index // frame_size}] {reason}")
     return arr
+
+
+# ------------------------------------------------------------------ extra per-step fields
+def check_extra_fields(extra_fields, name='extra_fields'):
+    """``extra_fields`` (a mapping of field name to dtype, or None) as a dict of numpy dtypes.
+
+    Names are identifiers (they become checkpoint table and Minari info names); dtypes are
+    bool, integer or float (one scalar per step).
+    """
+    if extra_fields is None:
+        return {}
+    if not hasattr(extra_fields, 'items'):
+        raise TypeError(f"{name} must be a dict of field name to dtype, got "
+                        f"{type(extra_fields).__name__}")
+    out = {}
+    for field, dtype in extra_fields.items():
+        if not isinstance(field, str) or not field.isidentifier():
+            raise ValueError(f"{name}: field names must be identifiers, got {field!r}")
+        # native byte order: the stored array's dtype is then named by its name alone
+        out[field] = check_dtype(dtype, f"{name}[{field!r}]").newbyteorder('=')
+    return out
+
+
+def check_extras(extras, fields, n=None, name='extras'):
+    """The extras of one call: a dict with exactly the memory's ``fields`` (name -> dtype).
+
+    ``n=None``: one step, each value a scalar; else ``n`` steps, each value an array of ``n``.
+    Returns name -> array of ``max(n, 1)`` values in the field's dtype. Raises ValueError naming
+    the field for an unknown or missing field, a wrong shape, or values the field's dtype can
+    not hold exactly (the frames' rule: no integer overflow, no float into an integer field,
+    finite floats), TypeError when ``extras`` is not a dict.
+    """
+    if extras is None:
+        extras = {}
+    elif not hasattr(extras, 'items'):
+        raise TypeError(f"{name} must be a dict of field name to values, got "
+                        f"{type(extras).__name__}")
+    if extras.keys() != fields.keys():
+        unknown = sorted(set(extras) - set(fields), key=str)
+        if unknown:
+            raise ValueError(f"{name}: unknown field {unknown[0]!r} (the memory's extra_fields "
+                             f"are {sorted(fields)})")
+        missing = sorted(set(fields) - set(extras))
+        raise ValueError(f"{name}: missing field {missing[0]!r} (every step carries every "
+                         f"extra field: {sorted(fields)})")
+    out = {}
+    for field, dtype in fields.items():
+        arr = np.asarray(extras[field])
+        where = f"{name}[{field!r}]"
+        expected = () if n is None else (n,)
+        if arr.shape != expected:
+            raise ValueError(f"{where} has shape {arr.shape}, expected {expected} "
+                             f"({'one value' if n is None else 'one value per lane of the call'})")
+        problem = _unstorable(arr, dtype, what='extras')
+        if problem is not None:
+            raise ValueError(f"{where} {problem[1]} (field dtype {dtype})")
+        out[field] = arr.astype(dtype).reshape(-1)
+    return out

@@ -59,6 +59,7 @@ import logging
 import math
 import os
 import threading
+import types
 
 import numpy as np
 
@@ -70,7 +71,8 @@ from ._gather import gather_frames
 # The input rules and the writers live in their own modules; their names stay importable from
 # here (acting.py, envs.py and users import them from expreplay.memory).
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
-                      check_actions, check_flags, check_frames, check_reward, check_rewards)
+                      check_actions, check_extra_fields, check_extras, check_flags, check_frames,
+                      check_reward, check_rewards)
 from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID  # noqa: F401
 from .priority import PriorityIndex
 from .writers import BatchWriter, LaneWriter
@@ -89,17 +91,41 @@ Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
 and whether the episode ended with this step (see :meth:`ReplayMemory.append`)."""
 
-SampleBatch = collections.namedtuple(
+_SampleBatchFields = collections.namedtuple(
     'SampleBatch', ['state', 'action', 'reward', 'next_state', 'discount', 'is_over', 'indices',
                     'weights'])
-SampleBatch.__doc__ = """A batch from :meth:`ReplayMemory.sample` (n-step, optionally prioritized).
 
-``state`` / ``next_state``: ``history_len`` stacked frames each (layout as asked);
-``action`` int32; ``reward`` float32, the discounted sum of the k <= n rewards taken;
-``discount`` float32, ``gamma ** k``, 0 when the episode terminated within the window (so the
-target is ``reward + discount * max_a Q(next_state, a)``); ``is_over`` bool, terminated within
-the window; ``indices`` int64, opaque tokens for :meth:`ReplayMemory.update_priorities`;
-``weights`` float32 importance weights (all 1 for a uniform memory or ``beta=None``)."""
+
+class SampleBatch(_SampleBatchFields):
+    """A batch from :meth:`ReplayMemory.sample` (n-step, optionally prioritized).
+
+    ``state`` / ``next_state``: ``history_len`` stacked frames each (layout as asked);
+    ``action`` int32; ``reward`` float32, the discounted sum of the k <= n rewards taken;
+    ``discount`` float32, ``gamma ** k``, 0 when the episode terminated within the window (so
+    the target is ``reward + discount * max_a Q(next_state, a)``); ``is_over`` bool, terminated
+    within the window; ``indices`` int64, opaque tokens for :meth:`ReplayMemory.update_priorities`;
+    ``weights`` float32 importance weights (all 1 for a uniform memory or ``beta=None``).
+
+    ``extras``: the memory's extra per-step fields (``ReplayMemory(extra_fields=...)``), a dict
+    of field name to an array of ``B`` values, each the value written with the step taken from
+    ``state`` (empty for a memory without extra fields). It is an attribute, not one of the
+    tuple's items, so that the batch still unpacks into its eight fields and feeds a tensorpack
+    model's eight inputs as before (``_replace`` keeps it too).
+    """
+
+    extras = types.MappingProxyType({})   # an instance's own dict shadows this empty default
+
+    def __new__(cls, state, action, reward, next_state, discount, is_over, indices, weights,
+                extras=None):
+        self = super().__new__(cls, state, action, reward, next_state, discount, is_over,
+                               indices, weights)
+        if extras is not None:
+            self.extras = extras
+        return self
+
+    def _replace(self, **changes):
+        extras = changes.pop('extras', self.extras)
+        return type(self)(*super()._replace(**changes), extras=dict(extras))
 
 _DEFAULT_TARGET_BLOCKS = 256
 
@@ -128,20 +154,29 @@ class ReplayMemory:
         alpha (float): priority exponent in [0, 1] (0: uniform).
         priority_eps (float): added to every priority (> 0), so that every transition keeps a
             chance of being drawn. (:meth:`sample_batch` always draws uniformly.)
+        extra_fields (dict, optional): extra per-step fields, name -> dtype (bool, integer or
+            float), e.g. ``{'lives': 'int8', 'segment': 'int32'}``: one scalar per step, given
+            with the step (``add_step(..., extras={...})``, a batch writer's ``extras=``),
+            stored beside its action and reward, returned by :meth:`sample` for the step taken
+            from the sampled state (``SampleBatch.extras``), kept by checkpoints and exported to
+            Minari as step infos. Every step must carry every field. :meth:`sample_batch`'s
+            4-list has no room for them (use :meth:`sample`), and :meth:`append` refuses a
+            memory that has them (an ``Experience`` has no extras).
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
     writer. Samplers call :meth:`sample_batch` from any thread.
 
-    Memory use: ``max_size * (frame bytes + 13)`` bytes, allocated lazily (pages are touched
+    Memory use: ``max_size * (frame bytes + 13 + extra fields' bytes)`` bytes, allocated lazily (pages are touched
     as they are written, so a large memory starts cheap).
     """
 
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
 
     def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None,
-                 prioritized=False, alpha=0.6, priority_eps=1e-6):
+                 prioritized=False, alpha=0.6, priority_eps=1e-6, extra_fields=None):
         prioritized = check_bool(prioritized, 'prioritized')
+        extra_fields = check_extra_fields(extra_fields)
         alpha = check_probability(alpha, 'alpha')
         priority_eps = check_real(priority_eps, 'priority_eps', minimum=0.0)
         if priority_eps <= 0:
@@ -189,6 +224,10 @@ class ReplayMemory:
         self._num_valid = 0
         self._num_steps_written = 0   # all steps ever added, for statistics
 
+        # Extra per-step fields, stored like the action and reward (the slot of the step's state).
+        self._extras = {name: np.zeros(self.num_slots, dtype)
+                        for name, dtype in extra_fields.items()}
+
         # Prioritized replay (None: uniform). Its hooks: on_publish, on_evict.
         self._priorities = PriorityIndex(self.num_slots, alpha, priority_eps, self._flags,
                                          _VALID) if prioritized else None
@@ -202,6 +241,11 @@ class ReplayMemory:
     def new_writer(self):
         """A new :class:`LaneWriter` on this memory. Use one per environment and thread."""
         return LaneWriter(self)
+
+    @property
+    def extra_fields(self):
+        """The extra per-step fields, name -> numpy dtype (a copy)."""
+        return {name: arr.dtype for name, arr in self._extras.items()}
 
     def new_batch_writer(self, num_lanes):
         """A new :class:`BatchWriter` of ``num_lanes`` lanes: the steps of several environments
@@ -219,6 +263,10 @@ class ReplayMemory:
         the step counts as terminated. Prefer :meth:`new_writer` for new code.
         """
         state, action, reward, is_over = exp
+        if self._extras:
+            raise ValueError(f"append() can not store this memory's extra_fields "
+                             f"{sorted(self._extras)} (an Experience has none): write its steps "
+                             "with new_writer().add_step(..., extras={...})")
         if self._legacy_writer is None:
             self._legacy_writer = LaneWriter(self)
         w = self._legacy_writer
@@ -396,7 +444,9 @@ class ReplayMemory:
             next_state = self._gather_states(last, layout)
             action = self._action[slots]
             indices = self._block_gen[slots // self.block_size] * self.num_slots + slots
-        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights)
+            extras = {name: arr[slots] for name, arr in self._extras.items()}
+        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights,
+                           extras=extras)
 
     def _n_step(self, slots, n, gamma):
         """Walk each VALID slot's lane forward up to ``n`` steps within its episode.
@@ -585,7 +635,8 @@ class ReplayMemory:
         An episode is complete when its first frame (from ``reset()``) and its final step
         (terminated or truncated) are both still in the memory. Each is a dict of copies:
         ``observations`` (steps + 1, *state_shape), ``actions`` int32, ``rewards`` float32,
-        ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use.
+        ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use,
+        and ``extras``, the extra fields' values of each step (name -> (steps,)).
         Episodes cut by eviction, abandoned, or still running are skipped.
         """
         with self._lock:
@@ -606,7 +657,8 @@ class ReplayMemory:
                     actions=self._action[steps].copy(),
                     rewards=self._reward[steps].copy(),
                     terminations=(self._flags[steps] & _TERMINATED) != 0,
-                    truncations=(self._flags[steps] & _TRUNCATED) != 0)
+                    truncations=(self._flags[steps] & _TRUNCATED) != 0,
+                    extras={name: arr[steps] for name, arr in self._extras.items()})
             yield episode
 
     def _episode_slots(self, start):
@@ -653,14 +705,16 @@ class ReplayMemory:
 
     @classmethod
     def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None,
-             block_size=None, prioritized=None, alpha=None, priority_eps=None):
+             block_size=None, prioritized=None, alpha=None, priority_eps=None,
+             extra_fields=None):
         """Load a memory saved by :meth:`save`: its written slots bit-identical, its
         transitions sampled as before (a prioritized memory keeps its priorities, its running
         maximum priority and its stale-update count, so it draws exactly as it did).
 
         The memory is built with the checkpoint's settings. Pass the settings you expect (any
         of ``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
-        ``prioritized``, ``alpha``, ``priority_eps``) to have a checkpoint of other settings
+        ``prioritized``, ``alpha``, ``priority_eps``, ``extra_fields``; ``extra_fields={}``
+        expects none) to have a checkpoint of other settings
         refused, naming each setting that differs (``alpha`` and ``priority_eps`` are compared
         when either side is prioritized). Checkpoints of format 2 (before priorities were
         saved) load as uniform memories.
@@ -684,7 +738,9 @@ class ReplayMemory:
             prioritized=None if prioritized is None else check_bool(prioritized, 'prioritized'),
             alpha=None if alpha is None else check_probability(alpha, 'alpha'),
             priority_eps=None if priority_eps is None else check_real(priority_eps,
-                                                                      'priority_eps'))
+                                                                      'priority_eps'),
+            extra_fields=None if extra_fields is None else {
+                name: dtype.name for name, dtype in check_extra_fields(extra_fields).items()})
         return _checkpoint.load(cls, path, expected)
 
 

@@ -367,7 +367,7 @@ REPLAY_ARGS
         if memory is None and self.checkpoint is not None:
             memory = self.checkpoint.load(
                 self.memory_size, self.state_shape, self.history_len, self.state_dtype,
-                prioritized=self.prioritized,
+                prioritized=self.prioritized, extra_fields={},   # the runners write none
                 **(dict(alpha=alpha, priority_eps=priority_eps) if self.prioritized else {}))
         if memory is None:
             memory = ReplayMemory(self.memory_size, self.state_shape, self.history_len,

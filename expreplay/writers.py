@@ -10,8 +10,8 @@ written are :mod:`expreplay._inputs`. Both classes are re-exported by :mod:`expr
 import numpy as np
 
 from ._checks import check_bool, check_int
-from ._inputs import (as_frame, check_action, check_actions, check_flags, check_frames,
-                      check_reward, check_rewards)
+from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
+                      check_frames, check_reward, check_rewards)
 from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _VALID
 
 # The optional C kernel of the common acting step is looked up as ``memory._acting_ext`` at
@@ -90,7 +90,8 @@ class BatchWriter:
             mem._block_fill[self._block[lanes]] += 1
         self._advance(lanes, slots, 0)
 
-    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False):
+    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False,
+                  extras=None):
         """Record the step each of ``lanes`` took from its current observation.
 
         Args (arrays of ``len(lanes)``): ``actions`` (integers), ``rewards`` (finite),
@@ -99,6 +100,8 @@ class BatchWriter:
         in :meth:`LaneWriter.add_step`). A lane whose step ends its episode must start a new
         one before its next step. ``checked=True`` skips the checks of the values (the
         runners check them before, so that a bad value is the env's failure).
+        ``extras``: for a memory with ``extra_fields``, a dict holding every field, each an
+        array of ``len(lanes)`` values (always checked, whatever ``checked`` says).
         """
         mem = self.memory
         lanes = self._lanes(lanes)
@@ -114,6 +117,8 @@ class BatchWriter:
                                  n, 'next_frames', ndim=2)
             terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
             truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
+        if mem._extras or extras:
+            extras = check_extras(extras, mem.extra_fields, n)
         ended = terminated | truncated
         any_end = ended.any()
         if any_end:
@@ -133,10 +138,13 @@ class BatchWriter:
             mem._block_fill[self._block[lanes]] += 1
             mem._num_steps_written += n
             if careful:
-                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags)
+                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags, extras)
             else:
                 mem._action[cur] = actions
                 mem._reward[cur] = rewards
+                if extras:
+                    for name, values in extras.items():
+                        mem._extras[name][cur] = values
                 mem._flags[cur] = flags
                 mem._num_valid += n
                 if mem._priorities is not None:
@@ -146,20 +154,29 @@ class BatchWriter:
             self._cur_slot[lanes[ended]] = -1
 
     def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
-                               lives, history, scores, lengths, lives_now):
+                               lives, history, scores, lengths, lives_now, *, extras=None):
         """The common case of an acting step in one C call (``expreplay._acting_ext``): the
         steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
         companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
         ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
         changed nothing, when the kernel is not built or a lane needs the general path (a full
-        block, a slot near a block start, an episode end, a lost life, a bad reward)."""
+        block, a slot near a block start, an episode end, a lost life, a bad reward).
+
+        ``extras`` as in :meth:`add_steps` (checked first: bad extras raise, changing nothing).
+        The kernel stores frames, actions and rewards; what it does not know of (the extra
+        fields, a prioritized memory's new tree entries) is added here, under the same hold of
+        the memory's lock, so a sampler sees the steps whole."""
         _acting_ext = _memory._acting_ext
-        if _acting_ext is None or self._safe <= 0 or self._closed \
-                or self.memory._priorities is not None:    # the kernel has no priority hook
+        if _acting_ext is None or self._safe <= 0 or self._closed:
             return False
         mem = self.memory
+        if mem._extras or extras:
+            extras = check_extras(extras, mem.extra_fields, len(lanes))
+        prio = mem._priorities
         with mem._lock:
             try:
+                # The slots the steps are taken from (published by the kernel), for the hooks.
+                cur = self._cur_slot[lanes] if prio is not None or extras else None
                 n = _acting_ext.store_steps(
                     lanes, actions, next_frames, rewards, terminated, truncated, lives,
                     self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
@@ -167,10 +184,15 @@ class BatchWriter:
                     history._frames, history._pos, history._base, scores, lengths, lives_now,
                     mem._frame_bytes, mem.history_len, mem.block_size, mem.num_slots, mem.num_blocks,
                     self.num_lanes)
-            except (BufferError, ValueError):    # e.g. a non-contiguous frame batch: general path
+            except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
                 return False
             if n < 0:
                 return False
+            if extras:
+                for name, values in extras.items():
+                    mem._extras[name][cur] = values
+            if prio is not None:
+                prio.on_publish(cur)
             mem._num_valid += n
             mem._num_steps_written += n
         self._safe -= 1
@@ -223,7 +245,7 @@ class BatchWriter:
         self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
         self._cur_off[lanes] = slots - self._block[lanes] * self.memory.block_size
 
-    def _publish_carefully(self, slots, gens, actions, rewards, flags):
+    def _publish_carefully(self, slots, gens, actions, rewards, flags, extras=None):
         """Store the steps taken from ``slots`` where some lie in a previous block or at the
         start of one: VALID only where their history is intact (I3). Caller holds the lock."""
         mem = self.memory
@@ -235,8 +257,13 @@ class BatchWriter:
         if not alive.all():
             slots, block, offset = slots[alive], block[alive], offset[alive]
             actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
+            if extras:
+                extras = {name: values[alive] for name, values in extras.items()}
         mem._action[slots] = actions
         mem._reward[slots] = rewards
+        if extras:
+            for name, values in extras.items():
+                mem._extras[name][slots] = values
         needs_prev = np.minimum(mem._epstep[slots], mem.history_len - 1) > offset
         valid = ~needs_prev | mem._block_prev_intact[block]
         mem._flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
@@ -271,7 +298,7 @@ class LaneWriter:
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
 
-    def add_step(self, action, reward, next_obs, terminated=False, truncated=False):
+    def add_step(self, action, reward, next_obs, terminated=False, truncated=False, *, extras=None):
         """Record the step taken from the current observation.
 
         Args:
@@ -281,6 +308,9 @@ class LaneWriter:
                 the final observation (the true next state, also for a truncated end).
             terminated (bool): the episode reached a terminal state (``isOver`` when sampled).
             truncated (bool): the episode was cut (time limit): the transition bootstraps.
+            extras (dict): for a memory with ``extra_fields``, every field's value for this
+                step (a scalar each), e.g. ``{'lives': info['lives']}``; returned with the
+                transition from the current observation.
         """
         if self._writer._cur_slot[0] < 0:
             raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
@@ -290,9 +320,11 @@ class LaneWriter:
         frame = self._check_obs(next_obs, 'next_obs')
         terminated = check_bool(terminated, 'terminated')
         truncated = check_bool(truncated, 'truncated')
+        if extras is not None or self.memory._extras:
+            extras = check_extras(extras, self.memory.extra_fields)
         self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
                                frame[None], np.array([terminated]), np.array([truncated]),
-                               checked=True)
+                               checked=True, extras=extras)
 
     def close(self):
         """Detach from the memory: the lane's active block is retired. Idempotent."""

@@ -196,8 +196,11 @@ def test_flipped_bits_are_detected_or_harmless(tmp_path):
     mem.save(path)
     data = bytearray(path.read_bytes())
     rng = np.random.default_rng(0)
-    positions = sorted(set(rng.integers(0, len(data), 150).tolist()) |
-                       set(range(len(data) - 120, len(data), 3)))     # the central directory
+    anywhere = set(rng.integers(0, len(data), 150).tolist())
+    # The central directory, swept: most of its bytes are fields nothing checks (times,
+    # attributes), so it counts for "detected or harmless" but not in the detection ratio,
+    # which would otherwise move with the file's length.
+    positions = sorted(anywhere | set(range(len(data) - 120, len(data), 3)))
     bad = tmp_path / 'bad.npz'
     detected = 0
     for pos in positions:
@@ -208,10 +211,10 @@ def test_flipped_bits_are_detected_or_harmless(tmp_path):
             loaded = ReplayMemory.load(bad)
         except CheckpointError as err:
             assert str(bad) in str(err)
-            detected += 1
+            detected += pos in anywhere
         else:
             assert_same_memory(loaded, mem)
-    assert detected > 0.8 * len(positions)
+    assert detected > 0.8 * len(anywhere)
 
 
 # ------------------------------------------------------------------------------ crafted files
