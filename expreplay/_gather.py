@@ -55,12 +55,17 @@ def gather_frames(frames, idx, layout='NHWC', out=None):
 
     if layout == 'NCHW':
         np.take(frames, idx, axis=0, out=out, mode='wrap')
-    elif _gather_ext is not None and frames.itemsize == 1 and 2 <= K <= 8 \
-            and frames.flags.c_contiguous:
+    elif gather_kernel_takes(frames, K):
         _gather_ext.interleave(frames, np.ascontiguousarray(idx, dtype=np.intp), out)
     else:
         _gather_nhwc_numpy(frames, idx, out)
     return out
+
+
+def gather_kernel_takes(frames, k):
+    """Whether NHWC gathers of ``k`` frames from ``frames`` run in the C kernel."""
+    return (_gather_ext is not None and frames.itemsize == 1 and 2 <= k <= 8
+            and frames.flags.c_contiguous)
 
 
 def gather_history(frames, idx):

@@ -54,7 +54,7 @@ def test_matches_numpy(impl, shape, dtype, K, layout):
 
 
 @pytest.mark.parametrize('K', [2, 3, 4, 5, 6, 7, 8, 9])
-@pytest.mark.parametrize('frame_size', [1, 18, 19, 20, 35, 84 * 84])
+@pytest.mark.parametrize('frame_size', [1, 16, 18, 19, 20, 32, 35, 84 * 84])
 def test_uint8_nhwc_vector_loop_and_tail(impl, K, frame_size):
     """Cover the extension's 16-pixel loop and its tail for every K it handles (2..8), and check
     that its overlapping 8-byte stores never write past the end of `out`."""
