@@ -67,6 +67,7 @@ from . import _checkpoint
 from ._checkpoint import CheckpointError
 from ._checks import (check_bool, check_choice, check_dtype, check_int, check_probability,
                       check_real, check_rng, check_shape)
+from . import _gather
 from ._gather import gather_frames, gather_kernel_takes
 # The input rules and the writers live in their own modules; their names stay importable from
 # here (acting.py, envs.py and users import them from expreplay.memory).
@@ -595,9 +596,16 @@ class ReplayMemory:
         frames) as fast as it gathers whole frames, about twice the speed of numpy's
         per-frame interleave; the exceptions go through :func:`gather_frames`.
         """
-        idx = self._history_index(slots)
         h = self.history_len
-        if layout != 'NHWC' or h == 1 or gather_kernel_takes(self._frames, h):
+        if layout == 'NHWC' and h > 1 and gather_kernel_takes(self._frames, h):
+            # The kernel resolves the history slots (as _history_index) and gathers, one call.
+            out = np.empty((len(slots),) + self.state_shape + (h,), self.dtype)
+            _gather.gather_states(self._frames, self._epstep, self._block_prev,
+                                  np.ascontiguousarray(slots, np.int64), out, h,
+                                  self.block_size, self.ZERO_SLOT)
+            return out
+        idx = self._history_index(slots)
+        if layout != 'NHWC' or h == 1:
             return gather_frames(self._frames, idx, layout)
         start = slots - (h - 1)
         straight = (idx == start[:, None] + np.arange(h)).all(axis=1)
