@@ -145,9 +145,6 @@ class ReplayMemory:
             least two blocks, so it would multiply the memory). At most ``num_blocks - 1``
             writers can be active at once; the default gives about 256 blocks. Larger blocks
             mean fewer, coarser evictions.
-
-    Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
-    refused (see :func:`as_frame` and :func:`check_rewards`).
         prioritized (bool): proportional prioritized replay (Schaul et al.): :meth:`sample`
             draws each transition with probability ``p_i ** alpha / sum_j p_j ** alpha``, new
             steps enter at the largest priority given so far (1 to begin with), and the learner
@@ -164,12 +161,16 @@ class ReplayMemory:
             4-list has no room for them (use :meth:`sample`), and :meth:`append` refuses a
             memory that has them (an ``Experience`` has no extras).
 
+    Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
+    refused (see :func:`as_frame` and :func:`check_rewards`).
+
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
     writer. Samplers call :meth:`sample_batch` from any thread.
 
-    Memory use: ``max_size * (frame bytes + 13 + extra fields' bytes)`` bytes, allocated lazily (pages are touched
-    as they are written, so a large memory starts cheap).
+    Memory use: ``max_size * (frame bytes + 13 + the extra fields' bytes)`` bytes, plus
+    16.5 bytes a step for a prioritized memory's tree, allocated lazily (pages are touched as
+    they are written, so a large memory starts cheap).
     """
 
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
