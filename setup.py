@@ -25,8 +25,11 @@ setup(
     # succeeds and expreplay._gather falls back to numpy (about 4x slower for NHWC).
     # Optional too: the common case of an acting step's store in one call (expreplay/acting.py
     # falls back to numpy, ~3x slower per step for a few lanes).
+    # Optional too: the priority tree's descent and updates (expreplay/priority.py falls back
+    # to numpy, a few numpy calls per tree level).
     ext_modules=[Extension('expreplay._gather_ext', ['expreplay/_gather_ext.c'], optional=True),
-                 Extension('expreplay._acting_ext', ['expreplay/_acting_ext.c'], optional=True)],
+                 Extension('expreplay._acting_ext', ['expreplay/_acting_ext.c'], optional=True),
+                 Extension('expreplay._tree_ext', ['expreplay/_tree_ext.c'], optional=True)],
     extras_require={
         'atari': ATARI,
         'tensorpack': TENSORPACK + ['tqdm'],

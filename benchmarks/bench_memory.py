@@ -6,7 +6,10 @@ writers with episodes of random length. In the same run, interleaved round by ro
 - ``NHWC``: ``sample_batch(64)`` in tensorpack's channels-last layout ``(64, 84, 84, 5)``;
 - ``NCHW``: ``sample_batch(64, layout='NCHW')``, ``(64, 5, 84, 84)``;
 - ``bound``: ``frames[idx]``, one numpy fancy index gathering the same 64x5 frames
-  (no drawing, no validity checks, no layout work): what a sampler can not beat;
+  (no drawing, no validity checks, no layout work): what a sampler can not beat. Each call
+  gathers a new index set, drawn the way sample_batch draws (all drawn before the rounds): a
+  few hundred sets reused every round made the bound ~35% faster at 1M steps (their pages fit
+  the TLB; the whole ring's do not) and every ratio to it look worse at 1M than at 200k;
 - ``loop``: a per-index Python loop like the reference's (slice, pad, transpose, stack).
 
 Rainbow-side figures (issue 11), same run, same memory (prioritized; its uniform twin shares
@@ -21,9 +24,14 @@ the frames), batch 64:
   ``sample(64, beta=0.4)`` and ``update_priorities``; only when cpprb is installed
   (``pip install cpprb``; a benchmark-only dependency).
 
+``--also-size 200000``: a second (uniform) memory of that size, filled the same way, measured
+in the same rounds (``NHWC@<size>``, ``NCHW@<size>``, ``bound@<size>``, ratios to its own bound):
+the two sizes side by side on the same machine at the same time.
+
 Figures are medians over rounds; ratios are taken within each round (the machine is shared).
 Memory: ``--size`` steps take ``size * 7 KB`` (1M: ~7 GB), and cpprb as much again.
 Usage: python benchmarks/bench_memory.py [--size 1000000] [--rounds 15] [--batches 200] [--no-cpprb]
+       [--also-size 200000]
 """
 
 import argparse
@@ -105,6 +113,8 @@ def main():
     ap.add_argument('--no-cpprb', action='store_true', help='skip the cpprb comparison')
     ap.add_argument('--rounds', type=int, default=15, help='measurement rounds (median taken)')
     ap.add_argument('--batches', type=int, default=200, help='batches per measurement')
+    ap.add_argument('--also-size', type=int, default=None,
+                    help='also measure sample_batch on a memory of this size, same rounds')
     args = ap.parse_args()
 
     rng = np.random.default_rng(0)
@@ -135,19 +145,27 @@ def main():
     print(f"priority tree: {tree_bytes / mem.max_size:.1f} bytes per step more "
           f"(fanout {tree.fanout}, depth {tree.depth})")
 
-    # Index sets for the bound, drawn the way sample_batch draws them.
-    idx_sets = [mem._frame_index(mem._draw_valid_slots(64, rng)) for _ in range(args.batches)]
-    frames = mem._frames
-    it = iter(())
+    def make_bound(m):
+        """frames[idx], each call a new index set drawn the way sample_batch draws them (a
+        set reused would find its pages in the TLB, which fresh draws from a 1M ring do not)."""
+        idx_sets = [m._frame_index(m._draw_valid_slots(64, rng))
+                    for _ in range(args.batches * args.rounds)]
+        frames = m._frames
+        it = iter(idx_sets)
 
-    def bound():
-        nonlocal it
-        try:
-            idx = next(it)
-        except StopIteration:
-            it = iter(idx_sets)
-            idx = next(it)
-        return frames[idx]
+        def bound():
+            return frames[next(it)]
+        return bound, idx_sets[:args.batches]
+
+    bound, idx_sets = make_bound(mem)
+    frames = mem._frames
+    small = None
+    if args.also_size:
+        small = ReplayMemory(args.also_size, (84, 84), 4)
+        t = time.perf_counter()
+        fill(small, args.also_size, np.random.default_rng(1))
+        print(f"also: filled {args.also_size} steps in {time.perf_counter() - t:.1f}s")
+        small_bound, _ = make_bound(small)
 
     def loop_reference():
         # What the reference does per sample: slice the window, zero the frames before an
@@ -167,8 +185,16 @@ def main():
              'update']
     if rb is not None:
         kinds += ['cpprb per', 'cpprb update']
+    if small is not None:
+        tag = f"@{args.also_size // 1000}k"
+        kinds += ['NHWC' + tag, 'NCHW' + tag, 'bound' + tag]
     results = {k: [] for k in kinds}
     for _ in range(args.rounds):
+        if small is not None:
+            results['bound' + tag].append(rate(small_bound, args.batches))
+            results['NHWC' + tag].append(rate(lambda: small.sample_batch(64, rng=rng), args.batches))
+            results['NCHW' + tag].append(rate(lambda: small.sample_batch(64, rng=rng, layout='NCHW'),
+                                              args.batches))
         results['bound'].append(rate(bound, args.batches))
         results['NHWC'].append(rate(lambda: mem.sample_batch(64, rng=rng), args.batches))
         results['NCHW'].append(rate(lambda: mem.sample_batch(64, rng=rng, layout='NCHW'), args.batches))
@@ -189,7 +215,8 @@ def main():
     r = {k: np.array(v) for k, v in results.items()}
     print(f"{'what':<14}{'calls/s (median)':>18}{'ratio to bound (median)':>26}")
     for k in kinds:
-        print(f"{k:<14}{np.median(r[k]):>18.0f}{np.median(r[k] / r['bound']):>26.3f}")
+        ref = r['bound' + tag] if small is not None and k.endswith(tag) else r['bound']
+        print(f"{k:<14}{np.median(r[k]):>18.0f}{np.median(r[k] / ref):>26.3f}")
 
     def ratio(a, b):   # median over rounds of the within-round ratio of rates
         return float(np.median(r[a] / r[b]))

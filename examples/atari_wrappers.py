@@ -134,11 +134,13 @@ def rom_name(env_id):
     return re.sub(r'(?<!^)(?=[A-Z])', '_', base).lower()
 
 
-def make_vector_env(env_id, num_envs, *, sticky=0.25, noop_max=30, num_threads=0):
+def make_vector_env(env_id, num_envs, *, sticky=0.25, noop_max=30, num_threads=0,
+                    reward_clipping=False):
     """ale-py's native vector env with the same preprocessing, one frame per observation.
 
     Scores stay per game (no episodic life), rewards are not clipped (the model clips them
-    for the loss; the scores must stay the game's).
+    for the loss; the scores must stay the game's) unless ``reward_clipping`` (n-step replay
+    clips each step before it is stored).
     """
     from ale_py.vector_env import AtariVectorEnv
     return AtariVectorEnv(
@@ -146,15 +148,18 @@ def make_vector_env(env_id, num_envs, *, sticky=0.25, noop_max=30, num_threads=0
         repeat_action_probability=sticky, noop_max=noop_max,
         img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], grayscale=True,
         stack_num=1, frameskip=4, maxpool=True, use_fire_reset=True,
-        episodic_life=False, reward_clipping=False)
+        episodic_life=False, reward_clipping=reward_clipping)
 
 
-def make_envpool(env_id, num_envs, *, batch_size=None, sticky=0.25, noop_max=30, seed=0):
+def make_envpool(env_id, num_envs, *, batch_size=None, sticky=0.25, noop_max=30, seed=0,
+                 reward_clip=False):
     """EnvPool's C++ Atari pool with the same preprocessing, one frame per observation.
 
     ``batch_size`` < ``num_envs`` makes it asynchronous: ``recv`` returns the first
     ``batch_size`` envs that are ready while the others keep stepping in EnvPool's threads, so
     the runner predicts for one part while the engine steps the rest (default: half).
+    ``reward_clip``: EnvPool clips every reward to its sign (n-step replay clips each step
+    before it is stored; a wrapper would hide ``recv``/``send``).
     """
     import envpool
     return envpool.make(
@@ -162,4 +167,4 @@ def make_envpool(env_id, num_envs, *, batch_size=None, sticky=0.25, noop_max=30,
         batch_size=batch_size or max(1, num_envs // 2), seed=seed,
         img_height=FRAME_SHAPE[0], img_width=FRAME_SHAPE[1], gray_scale=True, stack_num=1,
         frame_skip=4, noop_max=noop_max, repeat_action_probability=sticky,
-        episodic_life=False, reward_clip=False, use_fire_reset=True)
+        episodic_life=False, reward_clip=reward_clip, use_fire_reset=True)

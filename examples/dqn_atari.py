@@ -40,9 +40,11 @@ machinery is not the bottleneck here (``tune_staleness.py`` measures it alone).
 ``--prioritized`` (proportional PER, alpha 0.6, beta 0.4 -> 1 over the run) and ``--n-step N``
 train on the memory's n-step, prioritized batches (``PrioritizedNStepMixin``), and hand the
 |TD errors| back after every step (``PriorityFeedback``); with ``--algo Dueling`` that is the
-replay side of Rainbow. Rewards are then clipped per step by a ``ClipReward`` wrapper on the
-training envs (an n-step reward is a sum, which clipping in the loss would get wrong), so the
-training scores (``expreplay/mean_score``) are in clipped units; evaluation scores are the game's.
+replay side of Rainbow. Rewards are then clipped per step by the training envs (an n-step
+reward is a sum, which clipping in the loss would get wrong): EnvPool's and ale-py's vector
+env's own clipping, a ``ClipReward`` wrapper around single envs and Ray actors' envs, so that
+an asynchronous engine stays asynchronous. The training scores (``expreplay/mean_score``) are
+then in clipped units; evaluation scores are the game's.
 """
 
 import argparse
@@ -161,20 +163,13 @@ def rainbow_replay(args):
 
 def build_model(args, num_actions):
     if rainbow_replay(args):
-        # Rewards are clipped per step by the training envs (see clip_rewards).
+        # Rewards are clipped per step by the training envs (see training_players).
         return RainbowReplayModel(FRAME_SHAPE, HISTORY, args.algo, num_actions, network='nature',
                                   state_dtype='uint8', learning_rate=args.lr,
                                   optimizer=args.optimizer, reward_clip=None, grad_clip=10.0)
     return DQNModel(FRAME_SHAPE, HISTORY, args.algo, num_actions, network='nature',
                     state_dtype='uint8', gamma=0.99, learning_rate=args.lr,
                     optimizer=args.optimizer, reward_clip=1.0, grad_clip=10.0)
-
-
-def clip_rewards(env):
-    """Clip every step's reward to [-1, 1] before it is stored (an env or a vector env)."""
-    if isinstance(env, gym.vector.VectorEnv):
-        return gym.wrappers.vector.ClipReward(env, -1.0, 1.0)
-    return gym.wrappers.ClipReward(env, -1.0, 1.0)
 
 
 class Evaluator(Callback):
@@ -194,17 +189,26 @@ class Evaluator(Callback):
         self.trainer.monitors.put_scalar('eval/max_score', float(scores.max()))
 
 
-def train(args, num_actions):
-    logger.set_logger_dir(args.logdir, action='k' if args.resume else 'd')
-    tf.set_random_seed(args.seed)
+def training_players(args):
+    """``(make_player, requests_per_batch)`` for the training players the arguments ask for.
+
+    With ``--prioritized`` / ``--n-step`` every step's reward is clipped to [-1, 1] before it is
+    stored, inside the engine where it has a switch (EnvPool's ``reward_clip``, ale-py's
+    ``reward_clipping``), in the actors' own envs for Ray, and by a ``ClipReward`` wrapper only
+    around a single env: a wrapper around an engine would hide its asynchronous
+    ``recv``/``send`` (the runner would then refuse an asynchronous EnvPool). Sets
+    ``args.players`` to 1 for the one-player engines.
+    """
     uf = args.update_frequency
+    clip = rainbow_replay(args)
     if args.envpool:
         # One player; a request receives (and stores) the steps of half its envs.
         def make_player():
-            return make_envpool(args.env, args.envpool, sticky=args.sticky, seed=args.seed)
+            return make_envpool(args.env, args.envpool, sticky=args.sticky, seed=args.seed,
+                                reward_clip=clip)
         args.players = 1
-        requests_per_batch = max(1, round(uf / max(1, args.envpool // 2)))
-    elif args.ray_actors:
+        return make_player, max(1, round(uf / max(1, args.envpool // 2)))
+    if args.ray_actors:
         # One player whose envs live in Ray actors (on this machine or a cluster's nodes). The
         # actors build their envs with atari_wrappers.make_env, shipped by value: the nodes need
         # expreplay[ray,atari] installed, not this examples directory.
@@ -219,27 +223,32 @@ def train(args, num_actions):
             import ale_py
             import gymnasium
             gymnasium.register_envs(ale_py)
-            return make_env(env_id, sticky=sticky, max_episode_steps=None)
+            env = make_env(env_id, sticky=sticky, max_episode_steps=None)
+            return gymnasium.wrappers.ClipReward(env, -1.0, 1.0) if clip else env
 
         def make_player():
             return expreplay.RayVectorEnv(make, args.ray_actors, args.envs_per_actor)
         args.players = 1           # all the actors are one player's (one batched forward per step)
         # Asynchronous: a request receives the envs of the actors that are ready (one or more).
-        requests_per_batch = max(1, round(uf / args.envs_per_actor))
-    elif args.vector:
+        return make_player, max(1, round(uf / args.envs_per_actor))
+    if args.vector:
         # One request steps all N sub-envs of one player: request uf/N of them per batch so
         # that a training step still sees about uf new transitions (the replay ratio batch/uf).
         def make_player():
-            return make_vector_env(args.env, args.vector, sticky=args.sticky)
-        requests_per_batch = max(1, round(uf / args.vector))
-    else:
-        def make_player():
-            return get_player(args, train=True)
-        requests_per_batch = uf
+            return make_vector_env(args.env, args.vector, sticky=args.sticky, reward_clipping=clip)
+        return make_player, max(1, round(uf / args.vector))
 
-    def player():
-        env = make_player()
-        return clip_rewards(env) if rainbow_replay(args) else env
+    def make_player():
+        env = get_player(args, train=True)
+        return gym.wrappers.ClipReward(env, -1.0, 1.0) if clip else env
+    return make_player, uf
+
+
+def train(args, num_actions):
+    logger.set_logger_dir(args.logdir, action='k' if args.resume else 'd')
+    tf.set_random_seed(args.seed)
+    uf = args.update_frequency
+    player, requests_per_batch = training_players(args)
 
     total_steps = args.max_epoch * args.steps_per_epoch
 

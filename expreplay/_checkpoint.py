@@ -1,6 +1,6 @@
 """The replay memory's checkpoint file: what it holds, how it is written, read and checked.
 
-Format (version 2): a zip archive of ``.npy`` entries, readable with ``numpy.load`` for
+Format (version 3): a zip archive of ``.npy`` entries, readable with ``numpy.load`` for
 inspection. ``meta`` is a JSON document (as uint8 bytes): the format version, the memory's
 configuration and its counters. Every other entry is a *table* listed in :data:`TABLES`:
 
@@ -9,6 +9,21 @@ configuration and its counters. Every other entry is a *table* listed in :data:`
 - ``slot`` tables have one row per slot, and only the *written* slots are stored: block by
   block in block order, block ``b`` contributing its first ``block_fill[b]`` rows. A 15%-full
   memory writes 15% of its frames.
+
+A table whose attribute is None on the memory is not part of its checkpoint: ``priority``
+(the sum tree's leaves, ``(p + eps) ** alpha`` per slot) exists only for a prioritized
+memory, whose ``meta`` also holds ``alpha``, ``priority_eps``, the running ``max_priority``
+and the count of stale updates; a file says which by its ``prioritized`` setting, and a load
+expects exactly the tables of the memory that setting builds. The tree's inner nodes are not
+stored: they are a function of the leaves, rebuilt on load bit for bit, so a loaded memory
+draws exactly as the saved one did.
+
+The memory's extra per-step fields (``ReplayMemory(extra_fields=...)``) are ``slot`` tables
+named ``extra.<field>``, after the registry's; ``meta['extra_fields']`` lists them in order as
+``[name, dtype]`` pairs.
+
+Version history: 2 had no priorities and no extra fields (its files load as uniform memories
+without extra fields); 3 adds ``priority``, the prioritized settings and the extra fields.
 
 To add a table (e.g. per-slot priorities): give ``ReplayMemory`` the array, add it to
 :data:`TABLES` (a ``slot`` table's first axis is the slot), add its rules to :func:`validate`
@@ -45,11 +60,12 @@ except ImportError:      # not on Windows: liveness of a temporary file falls ba
     fcntl = None
 
 from . import memory as _mem   # its slot flags and block states (read at call time: a cycle)
-from ._checks import check_dtype, check_int, check_shape
+from ._checks import check_dtype, check_int, check_real, check_shape
+from ._inputs import check_extra_fields
 
 logger = logging.getLogger('expreplay.memory')
 
-VERSION = 2
+VERSION = 3
 
 # name -> (attribute of ReplayMemory, kind). The one list of what a checkpoint holds.
 TABLES = {
@@ -66,9 +82,10 @@ TABLES = {
     'reward': ('_reward', 'slot'),
     'epstep': ('_epstep', 'slot'),
     'flags': ('_flags', 'slot'),
+    'priority': ('_priority_leaves', 'slot'),     # prioritized memories only (None otherwise)
 }
 # Older versions still read -> the tables their files do not have (later additions).
-MISSING_IN_OLD_VERSIONS = {}
+MISSING_IN_OLD_VERSIONS = {2: ('priority',)}
 
 _META_MAX_BYTES = 1 << 16
 _TEMP_TAG = '.tmp-'
@@ -180,27 +197,51 @@ def _write_entry(zf, name, dtype, shape, chunks):
                 fp.write(np.ascontiguousarray(chunk).data.cast('B'))
 
 
+EXTRA_PREFIX = 'extra.'
+
+
+def tables_of(mem):
+    """name -> (array, kind): the tables of :data:`TABLES` this memory has (its attribute is
+    not None), in registry order, then its extra fields' slot tables."""
+    out = {}
+    for name, (attr, kind) in TABLES.items():
+        arr = getattr(mem, attr)
+        if arr is not None:
+            out[name] = (arr, kind)
+    for field, arr in mem._extras.items():
+        out[EXTRA_PREFIX + field] = (arr, 'slot')
+    return out
+
+
+def _settings(mem):
+    """The prioritized settings and state that go into ``meta``."""
+    extra = dict(extra_fields=[[name, arr.dtype.str] for name, arr in mem._extras.items()])
+    prio = mem._priorities
+    if prio is None:
+        return dict(prioritized=False, **extra)
+    return dict(prioritized=True, alpha=prio.alpha, priority_eps=prio.eps,
+                max_priority=prio.max_priority, stale_priority_updates=prio.stale_updates, **extra)
+
+
 def _tables_to_write(mem):
-    """name -> (dtype, shape, chunks) for every table of :data:`TABLES`. Caller holds the lock."""
+    """name -> (dtype, shape, chunks) for every table the memory has. Caller holds the lock."""
     bs = mem.block_size
     written = [b for b in range(mem.num_blocks) if mem._block_fill[b]]
     rows = int(mem._block_fill.sum())
     active = np.flatnonzero(mem._block_state == _mem._ACTIVE)
     out = {}
-    for name, (attr, kind) in TABLES.items():
+    for name, (arr, kind) in tables_of(mem).items():
         if kind == 'block':
-            arr = getattr(mem, attr)
             if name == 'block_state':
                 # Active blocks are saved retired (newest last), as after their writers' close().
                 arr = np.where(arr == _mem._ACTIVE, _mem._RETIRED, arr).astype(arr.dtype)
             out[name] = (arr.dtype, arr.shape, [arr])
         elif kind == 'queue':
-            arr = np.array(getattr(mem, attr), np.int64)
+            arr = np.array(arr, np.int64)
             if name == 'retired':
                 arr = np.concatenate([arr, active.astype(np.int64)])
             out[name] = (arr.dtype, arr.shape, [arr])
         else:
-            arr = getattr(mem, attr)
             chunks = [arr[b * bs:b * bs + int(mem._block_fill[b])] for b in written]   # views
             out[name] = (arr.dtype, (rows,) + arr.shape[1:], chunks)
     return out
@@ -213,6 +254,8 @@ def save(mem, path):
     """
     start = time.monotonic()
     remove_dead_temps(path)
+    if mem._priorities is not None:
+        mem._priorities.flush()       # steps published since the last sample enter the tree
     tmp = _temp_path(path)
     with _live_lock:
         _live_temps.add(tmp)
@@ -224,7 +267,7 @@ def save(mem, path):
             meta = dict(version=VERSION, max_size=mem.max_size, state_shape=list(mem.state_shape),
                         history_len=mem.history_len, dtype=mem.dtype.str,
                         block_size=mem.block_size, num_valid=mem._num_valid,
-                        num_steps_written=mem._num_steps_written)
+                        num_steps_written=mem._num_steps_written, **_settings(mem))
             meta_bytes = np.frombuffer(json.dumps(meta).encode(), np.uint8)
             with zipfile.ZipFile(f, 'w', zipfile.ZIP_STORED, allowZip64=True) as zf:
                 _write_entry(zf, 'meta', np.uint8, meta_bytes.shape, [meta_bytes])
@@ -382,20 +425,18 @@ def _load(cls, reader, expected):
             history_len=check_int(meta.get('history_len'), 'history_len', 1),
             dtype=check_dtype(meta.get('dtype'), 'dtype').str,
             block_size=check_int(meta.get('block_size'), 'block_size', 1))
+        config.update(_read_settings(meta))
         num_valid = check_int(meta.get('num_valid'), 'num_valid', 0)
         num_steps_written = check_int(meta.get('num_steps_written'), 'num_steps_written', 0)
     except (TypeError, ValueError) as err:
         reader.fail(f"bad metadata: {err}")
-    wrong = [f"{k}: checkpoint has {config[k]!r}, expected {v!r}" for k, v in expected.items()
-             if v is not None and config[k] != v]
+    wrong = [f"{k}: checkpoint has {config.get(k)!r}, expected {v!r}"
+             for k, v in expected.items() if v is not None and config.get(k) != v
+             # alpha and priority_eps mean nothing when both memories are uniform
+             and not (k in ('alpha', 'priority_eps') and not config['prioritized']
+                      and not expected.get('prioritized'))]
     if wrong:
         reader.fail("does not match this memory: " + "; ".join(wrong))
-
-    missing = set(MISSING_IN_OLD_VERSIONS.get(version, ()))
-    known = {name + '.npy' for name in TABLES if name not in missing} | {'meta.npy'}
-    unexpected = sorted(set(reader.names) - known)
-    if unexpected:
-        reader.fail(f"unexpected entries {unexpected} for format version {version}")
 
     # The block tables bound everything else; check their sizes before building the memory
     # (whose frames a crafted configuration could make huge).
@@ -404,21 +445,29 @@ def _load(cls, reader, expected):
     if num_blocks is None:
         reader.fail(f"bad metadata: block_size ({bs}) > max_size ({max_size})")
     reader.open('block_fill', np.int64, (num_blocks,)).close()   # fails naming what is wrong
+    kwargs = {k: config[k] for k in ('prioritized', 'alpha', 'priority_eps', 'extra_fields')
+              if k in config}
     try:
         mem = cls(max_size, config['state_shape'], config['history_len'], config['dtype'],
-                  block_size=bs)
+                  block_size=bs, **kwargs)
     except (TypeError, ValueError) as err:
         reader.fail(f"bad metadata: {err}")
 
-    for name, (attr, kind) in TABLES.items():
-        if kind == 'block' and name not in missing:
-            target = getattr(mem, attr)
+    # The tables this memory has, less those its file's version did not know.
+    missing = set(MISSING_IN_OLD_VERSIONS.get(version, ()))
+    tables = {name: t for name, t in tables_of(mem).items() if name not in missing}
+    unexpected = sorted(set(reader.names) - {name + '.npy' for name in tables} - {'meta.npy'})
+    if unexpected:
+        reader.fail(f"unexpected entries {unexpected} for format version {version}")
+
+    for name, (target, kind) in tables.items():
+        if kind == 'block':
             reader.read_into(name, [target], target.dtype, target.shape)
     fill = mem._block_fill
     if fill.min() < 0 or fill.max() > bs:
         reader.fail(f"inconsistent: block_fill outside [0, {bs}]")
     queues = {}
-    for name, (attr, kind) in TABLES.items():
+    for name, (_, kind) in tables.items():
         if kind == 'queue':
             shape = reader.header(name)[0]
             if len(shape) != 1 or not 0 <= shape[0] <= mem.num_blocks:
@@ -427,17 +476,44 @@ def _load(cls, reader, expected):
             queues[name] = reader.read(name, np.int64, shape)
     rows = int(fill.sum())
     starts = [(b, int(fill[b])) for b in range(mem.num_blocks) if fill[b]]
-    for name, (attr, kind) in TABLES.items():
-        if kind == 'slot' and name not in missing:
-            arr = getattr(mem, attr)
+    for name, (arr, kind) in tables.items():
+        if kind == 'slot':
             reader.read_into(name, [arr[b * bs:b * bs + n] for b, n in starts], arr.dtype,
                              (rows,) + arr.shape[1:])
     mem._free = collections.deque(int(b) for b in queues['free'])
     mem._retired = collections.deque(int(b) for b in queues['retired'])
     mem._num_valid = num_valid
     mem._num_steps_written = num_steps_written
+    prio = mem._priorities
+    if prio is not None:
+        prio.max_priority = config['max_priority']
+        prio.stale_updates = config['stale_priority_updates']
     validate(mem, reader.fail)
+    if prio is not None:
+        prio.tree.rebuild()
     return mem
+
+
+def _read_settings(meta):
+    """The prioritized settings and extra fields of ``meta`` (a file without them is of a
+    uniform memory without extra fields)."""
+    pairs = meta.get('extra_fields', [])
+    if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+        raise ValueError(f"extra_fields must be a list of [name, dtype] pairs, got {pairs!r}")
+    if len({name for name, _ in pairs if isinstance(name, str)}) != len(pairs):
+        raise ValueError(f"extra_fields must name distinct fields, got {pairs!r}")
+    extra_fields = {name: dtype.name for name, dtype in check_extra_fields(dict(pairs)).items()}
+    prioritized = meta.get('prioritized', False)
+    if not isinstance(prioritized, bool):
+        raise ValueError(f"prioritized must be a bool, got {prioritized!r}")
+    if not prioritized:
+        return dict(prioritized=False, extra_fields=extra_fields)
+    return dict(prioritized=True, extra_fields=extra_fields,
+                alpha=check_real(meta.get('alpha'), 'alpha'),
+                priority_eps=check_real(meta.get('priority_eps'), 'priority_eps'),
+                max_priority=check_real(meta.get('max_priority'), 'max_priority', minimum=0.0),
+                stale_priority_updates=check_int(meta.get('stale_priority_updates'),
+                                                 'stale_priority_updates', 0))
 
 
 # ------------------------------------------------------------------------------ consistency
@@ -501,6 +577,15 @@ def validate(mem, fail, chunk=1 << 18):
     count = int(np.count_nonzero(valid_flags))
     if count != mem._num_valid:
         fail(f"inconsistent: {count} slots are marked valid, the metadata says {mem._num_valid}")
+
+    if mem._priorities is not None:
+        # Exactly the valid slots are in the tree (written slots only were loaded; the
+        # others are zeros), with finite positive values: the draw relies on both.
+        leaves = mem._priorities.tree.leaves
+        if not np.isfinite(leaves).all() or (leaves < 0).any():
+            fail("inconsistent: priorities that are negative or not finite")
+        if ((leaves > 0) != ((flags & _mem._VALID) != 0)).any():
+            fail("inconsistent: the priority table disagrees with the valid slots")
 
     valid = np.flatnonzero(flags & _mem._VALID)
     for lo in range(0, len(valid), chunk):

@@ -55,12 +55,24 @@ def gather_frames(frames, idx, layout='NHWC', out=None):
 
     if layout == 'NCHW':
         np.take(frames, idx, axis=0, out=out, mode='wrap')
-    elif _gather_ext is not None and frames.itemsize == 1 and 2 <= K <= 8 \
-            and frames.flags.c_contiguous:
+    elif gather_kernel_takes(frames, K):
         _gather_ext.interleave(frames, np.ascontiguousarray(idx, dtype=np.intp), out)
     else:
         _gather_nhwc_numpy(frames, idx, out)
     return out
+
+
+def gather_kernel_takes(frames, k):
+    """Whether NHWC gathers of ``k`` frames from ``frames`` run in the C kernel."""
+    return (_gather_ext is not None and frames.itemsize == 1 and 2 <= k <= 8
+            and frames.flags.c_contiguous)
+
+
+def gather_states(frames, epstep, block_prev, slots, out, history_len, block_size, zero_slot):
+    """The replay memory's NHWC states of ``slots`` in one C call (see ``_gather_ext``); only
+    where :func:`gather_kernel_takes` says the kernel is there."""
+    _gather_ext.gather_states(frames, epstep, block_prev, slots, out, history_len, block_size,
+                              zero_slot)
 
 
 def gather_history(frames, idx):

@@ -69,6 +69,26 @@ ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
      * the next pixel(s), which are stored right after and overwrite it. Stop 3 pixels before
      * the row end (8-K <= 6 bytes of spill for K >= 2) so nothing is written past the row. */
     const __m128i z = _mm_setzero_si128();
+    if (K == 4) {
+        /* Four frames: a pixel's word is exactly 4 bytes, so four pixels fill one 16-byte
+         * store with no spill (half the stores, and no bytes written twice). */
+        for (; p + 16 <= n; p += 16) {
+            if (next && p % 64 == 0)
+                for (int j = 0; j < 4; j++)
+                    _mm_prefetch((const char *)next[j] + p, _MM_HINT_T0);
+            __m128i a = _mm_loadu_si128((const __m128i *)(src[0] + p));
+            __m128i b = _mm_loadu_si128((const __m128i *)(src[1] + p));
+            __m128i c = _mm_loadu_si128((const __m128i *)(src[2 % K] + p));
+            __m128i d = _mm_loadu_si128((const __m128i *)(src[3 % K] + p));
+            __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+            __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+            uint8_t *o = dst + p * 4;
+            _mm_storeu_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
+            _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
+        }
+    } else
 #define PLANE(j) ((j) < K ? _mm_loadu_si128((const __m128i *)(src[(j) < K ? (j) : 0] + p)) : z)
     for (; p + 16 + 3 <= n; p += 16) {
         if (next && p % 64 == 0)  /* one cache line of each next frame per 64 pixels */
@@ -180,8 +200,102 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(gather_states_doc,
+"gather_states(frames, epstep, block_prev, slots, out, history_len, block_size, zero_slot)\n\n"
+"The replay memory's states in one pass: for each slot s, the history_len frames of its\n"
+"episode ending at s (oldest first; the frame `back` steps before s is the zero slot when\n"
+"back > epstep[s], else in s's block or, before its start, at the end of block_prev[block])\n"
+"interleaved channels-last into out (B, *frame, history_len), as ReplayMemory._history_index\n"
+"then interleave would. frames (N, ...) uint8 C-contiguous, epstep int32, block_prev and slots\n"
+"int64, 2 <= history_len <= 8. Releases the GIL for large batches.");
+
+static PyObject *gather_states(PyObject *self, PyObject *args)
+{
+    PyObject *frames_obj, *ep_obj, *prev_obj, *slots_obj, *out_obj, *result = NULL;
+    Py_ssize_t K, bs, zero;
+    Py_buffer fr = {0}, ep = {0}, pv = {0}, sl = {0}, out = {0};
+    const uint8_t **src = NULL;
+    (void)self;
+
+    if (!PyArg_ParseTuple(args, "OOOOOnnn:gather_states", &frames_obj, &ep_obj, &prev_obj,
+                          &slots_obj, &out_obj, &K, &bs, &zero))
+        return NULL;
+    if (PyObject_GetBuffer(frames_obj, &fr, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(ep_obj, &ep, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(prev_obj, &pv, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(slots_obj, &sl, PyBUF_C_CONTIGUOUS) < 0 ||
+        PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    if (fr.ndim < 2 || fr.itemsize != 1 || out.itemsize != 1 || ep.itemsize != 4 ||
+        pv.itemsize != 8 || sl.itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "gather_states: frames and out must hold 1-byte items, "
+                        "epstep int32, block_prev and slots int64");
+        goto done;
+    }
+    if (K < 2 || K > 8 || bs < 1) {
+        PyErr_SetString(PyExc_ValueError, "gather_states: history_len must be 2 to 8, block_size >= 1");
+        goto done;
+    }
+    Py_ssize_t N = fr.shape[0], B = sl.len / 8, nep = ep.len / 4, nprev = pv.len / 8;
+    Py_ssize_t n = N ? fr.len / N : 0;
+    if (out.len != B * K * n) {
+        PyErr_SetString(PyExc_ValueError, "gather_states: out has the wrong size");
+        goto done;
+    }
+    if (zero < 0 || zero >= N) {
+        PyErr_SetString(PyExc_IndexError, "gather_states: zero_slot out of range");
+        goto done;
+    }
+    src = PyMem_Malloc((size_t)(B * K + 1) * sizeof(*src));
+    if (!src) { PyErr_NoMemory(); goto done; }
+    const int64_t *slots = sl.buf, *prev = pv.buf;
+    const int32_t *epstep = ep.buf;
+    const uint8_t *base = fr.buf;
+    for (Py_ssize_t r = 0; r < B; r++) {
+        int64_t s = slots[r];
+        if (s < 0 || s >= nep || s / bs >= nprev) {
+            PyErr_Format(PyExc_IndexError, "gather_states: slot %lld out of range", (long long)s);
+            goto done;
+        }
+        int64_t blk = s / bs, off = s % bs, e = epstep[s];
+        for (Py_ssize_t k = 0; k < K; k++) {
+            int64_t back = K - 1 - k, f;
+            if (back > e)
+                f = zero;
+            else if (off - back >= 0)
+                f = blk * bs + off - back;
+            else
+                f = prev[blk] * bs + bs + off - back;
+            if (f < 0 || f >= N) {
+                PyErr_Format(PyExc_IndexError, "gather_states: history of slot %lld leaves the ring",
+                             (long long)s);
+                goto done;
+            }
+            src[r * K + k] = base + f * n;
+        }
+    }
+    if (B * K * n >= GIL_RELEASE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
+        Py_END_ALLOW_THREADS
+    } else {
+        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyMem_Free(src);
+    if (fr.obj) PyBuffer_Release(&fr);
+    if (ep.obj) PyBuffer_Release(&ep);
+    if (pv.obj) PyBuffer_Release(&pv);
+    if (sl.obj) PyBuffer_Release(&sl);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"interleave", interleave, METH_VARARGS, interleave_doc},
+    {"gather_states", gather_states, METH_VARARGS, gather_states_doc},
     {NULL, NULL, 0, NULL},
 };
 

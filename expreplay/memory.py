@@ -47,14 +47,19 @@ path: ``on_publish(slots)`` when steps become VALID (``_publish_step``), and
 ``on_evict(lo, hi, invalidated)`` when a block is evicted (``_evict``). A sample token
 (``SampleBatch.indices``) is ``block_gen * num_slots + slot``: a slot rewritten since it was
 sampled has a newer generation, so :meth:`ReplayMemory.update_priorities` can tell.
+
+This module is the ring, its validity rule (I1-I7) and sampling. The write path is
+:mod:`expreplay.writers` (:class:`BatchWriter`, :class:`LaneWriter`), the rules of what may be
+written are :mod:`expreplay._inputs`, the slot flags :mod:`expreplay._slots`, the checkpoint
+format :mod:`expreplay._checkpoint`; the public names of the first two are re-exported here.
 """
 
 import collections
 import logging
 import math
-import numbers
 import os
 import threading
+import types
 
 import numpy as np
 
@@ -62,10 +67,18 @@ from . import _checkpoint
 from ._checkpoint import CheckpointError
 from ._checks import (check_bool, check_choice, check_dtype, check_int, check_probability,
                       check_real, check_rng, check_shape)
-from ._gather import gather_frames
+from . import _gather
+from ._gather import gather_frames, gather_kernel_takes
+# The input rules and the writers live in their own modules; their names stay importable from
+# here (acting.py, envs.py and users import them from expreplay.memory).
+from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
+                      check_actions, check_extra_fields, check_extras, check_flags, check_frames,
+                      check_reward, check_rewards)
+from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID  # noqa: F401
 from .priority import PriorityIndex
+from .writers import BatchWriter, LaneWriter
 
-try:  # optional, built by setup.py when a C compiler is available
+try:  # optional, built by setup.py when a C compiler is available; used by the writers
     from . import _acting_ext
 except ImportError:
     _acting_ext = None
@@ -79,29 +92,43 @@ Experience = collections.namedtuple('Experience', ['state', 'action', 'reward', 
 Experience.__doc__ = """One step in the tensorpack convention: the state acted upon, the action, the reward,
 and whether the episode ended with this step (see :meth:`ReplayMemory.append`)."""
 
-SampleBatch = collections.namedtuple(
+_SampleBatchFields = collections.namedtuple(
     'SampleBatch', ['state', 'action', 'reward', 'next_state', 'discount', 'is_over', 'indices',
                     'weights'])
-SampleBatch.__doc__ = """A batch from :meth:`ReplayMemory.sample` (n-step, optionally prioritized).
 
-``state`` / ``next_state``: ``history_len`` stacked frames each (layout as asked);
-``action`` int32; ``reward`` float32, the discounted sum of the k <= n rewards taken;
-``discount`` float32, ``gamma ** k``, 0 when the episode terminated within the window (so the
-target is ``reward + discount * max_a Q(next_state, a)``); ``is_over`` bool, terminated within
-the window; ``indices`` int64, opaque tokens for :meth:`ReplayMemory.update_priorities`;
-``weights`` float32 importance weights (all 1 for a uniform memory or ``beta=None``)."""
 
-# Slot flags.
-_VALID = 1        # the transition from this slot can be sampled (I3)
-_TERMINATED = 2   # the step from this slot ended the episode in a terminal state
-_TRUNCATED = 4    # the step from this slot ended the episode by truncation (bootstraps)
-_HAS_ACTION = 8   # an action was taken from this slot's frame
+class SampleBatch(_SampleBatchFields):
+    """A batch from :meth:`ReplayMemory.sample` (n-step, optionally prioritized).
 
-# Block states (I1).
-_FREE, _ACTIVE, _RETIRED = 0, 1, 2
+    ``state`` / ``next_state``: ``history_len`` stacked frames each (layout as asked);
+    ``action`` int32; ``reward`` float32, the discounted sum of the k <= n rewards taken;
+    ``discount`` float32, ``gamma ** k``, 0 when the episode terminated within the window (so
+    the target is ``reward + discount * max_a Q(next_state, a)``); ``is_over`` bool, terminated
+    within the window; ``indices`` int64, opaque tokens for :meth:`ReplayMemory.update_priorities`;
+    ``weights`` float32 importance weights (all 1 for a uniform memory or ``beta=None``).
+
+    ``extras``: the memory's extra per-step fields (``ReplayMemory(extra_fields=...)``), a dict
+    of field name to an array of ``B`` values, each the value written with the step taken from
+    ``state`` (empty for a memory without extra fields). It is an attribute, not one of the
+    tuple's items, so that the batch still unpacks into its eight fields and feeds a tensorpack
+    model's eight inputs as before (``_replace`` keeps it too).
+    """
+
+    extras = types.MappingProxyType({})   # an instance's own dict shadows this empty default
+
+    def __new__(cls, state, action, reward, next_state, discount, is_over, indices, weights,
+                extras=None):
+        self = super().__new__(cls, state, action, reward, next_state, discount, is_over,
+                               indices, weights)
+        if extras is not None:
+            self.extras = extras
+        return self
+
+    def _replace(self, **changes):
+        extras = changes.pop('extras', self.extras)
+        return type(self)(*super()._replace(**changes), extras=dict(extras))
 
 _DEFAULT_TARGET_BLOCKS = 256
-_LANE0 = np.zeros(1, np.int64)
 
 
 class ReplayMemory:
@@ -118,9 +145,6 @@ class ReplayMemory:
             least two blocks, so it would multiply the memory). At most ``num_blocks - 1``
             writers can be active at once; the default gives about 256 blocks. Larger blocks
             mean fewer, coarser evictions.
-
-    Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
-    refused (see :func:`as_frame` and :func:`check_rewards`).
         prioritized (bool): proportional prioritized replay (Schaul et al.): :meth:`sample`
             draws each transition with probability ``p_i ** alpha / sum_j p_j ** alpha``, new
             steps enter at the largest priority given so far (1 to begin with), and the learner
@@ -128,20 +152,33 @@ class ReplayMemory:
         alpha (float): priority exponent in [0, 1] (0: uniform).
         priority_eps (float): added to every priority (> 0), so that every transition keeps a
             chance of being drawn. (:meth:`sample_batch` always draws uniformly.)
+        extra_fields (dict, optional): extra per-step fields, name -> dtype (bool, integer or
+            float), e.g. ``{'lives': 'int8', 'segment': 'int32'}``: one scalar per step, given
+            with the step (``add_step(..., extras={...})``, a batch writer's ``extras=``),
+            stored beside its action and reward, returned by :meth:`sample` for the step taken
+            from the sampled state (``SampleBatch.extras``), kept by checkpoints and exported to
+            Minari as step infos. Every step must carry every field. :meth:`sample_batch`'s
+            4-list has no room for them (use :meth:`sample`), and :meth:`append` refuses a
+            memory that has them (an ``Experience`` has no extras).
+
+    Sizes accept whole floats (``1e6``); numbers that the memory can not store exactly are
+    refused (see :func:`as_frame` and :func:`check_rewards`).
 
     Writers: :meth:`new_writer` gives each environment its own :class:`LaneWriter`
     (any number of them, one thread each). :meth:`append` is the tensorpack-style single
     writer. Samplers call :meth:`sample_batch` from any thread.
 
-    Memory use: ``max_size * (frame bytes + 13)`` bytes, allocated lazily (pages are touched
-    as they are written, so a large memory starts cheap).
+    Memory use: ``max_size * (frame bytes + 13 + the extra fields' bytes)`` bytes, plus
+    16.5 bytes a step for a prioritized memory's tree, allocated lazily (pages are touched as
+    they are written, so a large memory starts cheap).
     """
 
     ZERO_SLOT = None  # set per instance: the index of the all-zeros slot (I7)
 
     def __init__(self, max_size, state_shape, history_len, dtype='uint8', *, block_size=None,
-                 prioritized=False, alpha=0.6, priority_eps=1e-6):
+                 prioritized=False, alpha=0.6, priority_eps=1e-6, extra_fields=None):
         prioritized = check_bool(prioritized, 'prioritized')
+        extra_fields = check_extra_fields(extra_fields)
         alpha = check_probability(alpha, 'alpha')
         priority_eps = check_real(priority_eps, 'priority_eps', minimum=0.0)
         if priority_eps <= 0:
@@ -189,6 +226,10 @@ class ReplayMemory:
         self._num_valid = 0
         self._num_steps_written = 0   # all steps ever added, for statistics
 
+        # Extra per-step fields, stored like the action and reward (the slot of the step's state).
+        self._extras = {name: np.zeros(self.num_slots, dtype)
+                        for name, dtype in extra_fields.items()}
+
         # Prioritized replay (None: uniform). Its hooks: on_publish, on_evict.
         self._priorities = PriorityIndex(self.num_slots, alpha, priority_eps, self._flags,
                                          _VALID) if prioritized else None
@@ -202,6 +243,11 @@ class ReplayMemory:
     def new_writer(self):
         """A new :class:`LaneWriter` on this memory. Use one per environment and thread."""
         return LaneWriter(self)
+
+    @property
+    def extra_fields(self):
+        """The extra per-step fields, name -> numpy dtype (a copy)."""
+        return {name: arr.dtype for name, arr in self._extras.items()}
 
     def new_batch_writer(self, num_lanes):
         """A new :class:`BatchWriter` of ``num_lanes`` lanes: the steps of several environments
@@ -219,6 +265,10 @@ class ReplayMemory:
         the step counts as terminated. Prefer :meth:`new_writer` for new code.
         """
         state, action, reward, is_over = exp
+        if self._extras:
+            raise ValueError(f"append() can not store this memory's extra_fields "
+                             f"{sorted(self._extras)} (an Experience has none): write its steps "
+                             "with new_writer().add_step(..., extras={...})")
         if self._legacy_writer is None:
             self._legacy_writer = LaneWriter(self)
         w = self._legacy_writer
@@ -396,7 +446,9 @@ class ReplayMemory:
             next_state = self._gather_states(last, layout)
             action = self._action[slots]
             indices = self._block_gen[slots // self.block_size] * self.num_slots + slots
-        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights)
+            extras = {name: arr[slots] for name, arr in self._extras.items()}
+        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights,
+                           extras=extras)
 
     def _n_step(self, slots, n, gamma):
         """Walk each VALID slot's lane forward up to ``n`` steps within its episode.
@@ -490,6 +542,11 @@ class ReplayMemory:
         return 0 if self._priorities is None else self._priorities.stale_updates
 
     @property
+    def _priority_leaves(self):
+        """The priority tree's leaves (one per slot) for the checkpoint; None when uniform."""
+        return None if self._priorities is None else self._priorities.tree.leaves
+
+    @property
     def prioritized(self):
         """Whether :meth:`sample` draws by priority."""
         return self._priorities is not None
@@ -532,14 +589,23 @@ class ReplayMemory:
     def _gather_states(self, slots, layout):
         """The states (``history_len`` frames, oldest first) whose newest frame is at each slot.
 
-        Channels-last: most states are ``history_len`` consecutive slots (the exceptions start
+        Channels-last: the C interleave kernel when it is built (for uint8 frames and 2 to 8
+        of them; with its 16-byte stores for 4 frames, about twice numpy's speed below).
+        Without it: most states are ``history_len`` consecutive slots (the exceptions start
         near an episode's first frame or reach into the lane's previous block), and numpy
         copies those out of a strided view of the ring (a state = one contiguous run of
-        frames) as fast as it gathers whole frames, about twice the speed of the general
-        per-frame interleave here; the exceptions go through :func:`gather_frames`.
+        frames) as fast as it gathers whole frames, about twice the speed of numpy's
+        per-frame interleave; the exceptions go through :func:`gather_frames`.
         """
-        idx = self._history_index(slots)
         h = self.history_len
+        if layout == 'NHWC' and h > 1 and gather_kernel_takes(self._frames, h):
+            # The kernel resolves the history slots (as _history_index) and gathers, one call.
+            out = np.empty((len(slots),) + self.state_shape + (h,), self.dtype)
+            _gather.gather_states(self._frames, self._epstep, self._block_prev,
+                                  np.ascontiguousarray(slots, np.int64), out, h,
+                                  self.block_size, self.ZERO_SLOT)
+            return out
+        idx = self._history_index(slots)
         if layout != 'NHWC' or h == 1:
             return gather_frames(self._frames, idx, layout)
         start = slots - (h - 1)
@@ -580,7 +646,8 @@ class ReplayMemory:
         An episode is complete when its first frame (from ``reset()``) and its final step
         (terminated or truncated) are both still in the memory. Each is a dict of copies:
         ``observations`` (steps + 1, *state_shape), ``actions`` int32, ``rewards`` float32,
-        ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use.
+        ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use,
+        and ``extras``, the extra fields' values of each step (name -> (steps,)).
         Episodes cut by eviction, abandoned, or still running are skipped.
         """
         with self._lock:
@@ -601,7 +668,8 @@ class ReplayMemory:
                     actions=self._action[steps].copy(),
                     rewards=self._reward[steps].copy(),
                     terminations=(self._flags[steps] & _TERMINATED) != 0,
-                    truncations=(self._flags[steps] & _TRUNCATED) != 0)
+                    truncations=(self._flags[steps] & _TRUNCATED) != 0,
+                    extras={name: arr[steps] for name, arr in self._extras.items()})
             yield episode
 
     def _episode_slots(self, start):
@@ -647,17 +715,25 @@ class ReplayMemory:
         return size
 
     @classmethod
-    def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None):
+    def load(cls, path, *, max_size=None, state_shape=None, history_len=None, dtype=None,
+             block_size=None, prioritized=None, alpha=None, priority_eps=None,
+             extra_fields=None):
         """Load a memory saved by :meth:`save`: its written slots bit-identical, its
-        transitions sampled as before.
+        transitions sampled as before (a prioritized memory keeps its priorities, its running
+        maximum priority and its stale-update count, so it draws exactly as it did).
 
-        Pass the configuration you expect (any of ``max_size``, ``state_shape``,
-        ``history_len``, ``dtype``) to have a checkpoint of another configuration refused.
+        The memory is built with the checkpoint's settings. Pass the settings you expect (any
+        of ``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
+        ``prioritized``, ``alpha``, ``priority_eps``, ``extra_fields``; ``extra_fields={}``
+        expects none) to have a checkpoint of other settings
+        refused, naming each setting that differs (``alpha`` and ``priority_eps`` are compared
+        when either side is prioritized). Checkpoints of format 2 (before priorities were
+        saved) load as uniform memories.
 
         Raises:
             CheckpointError: (a ``ValueError``) the file is empty, truncated, corrupt, crafted
-                (its tables break the memory's invariants) or of another configuration; the
-                message names the file and what is wrong.
+                (its tables break the memory's invariants) or of other settings; the message
+                names the file and what is wrong.
             FileNotFoundError: there is no file at ``path``.
         """
         path = os.fspath(path)
@@ -667,460 +743,16 @@ class ReplayMemory:
             history_len=None if history_len is None else check_int(history_len, 'history_len', 1,
                                                                    allow_float=True),
             state_shape=None if state_shape is None else check_shape(state_shape, 'state_shape'),
-            dtype=None if dtype is None else check_dtype(dtype, 'dtype').str)
+            dtype=None if dtype is None else check_dtype(dtype, 'dtype').str,
+            block_size=None if block_size is None else check_int(block_size, 'block_size', 1,
+                                                                 allow_float=True),
+            prioritized=None if prioritized is None else check_bool(prioritized, 'prioritized'),
+            alpha=None if alpha is None else check_probability(alpha, 'alpha'),
+            priority_eps=None if priority_eps is None else check_real(priority_eps,
+                                                                      'priority_eps'),
+            extra_fields=None if extra_fields is None else {
+                name: dtype.name for name, dtype in check_extra_fields(extra_fields).items()})
         return _checkpoint.load(cls, path, expected)
-
-
-class BatchWriter:
-    """Writes the steps of ``num_lanes`` environments into lanes of a :class:`ReplayMemory`,
-    all lanes of one call at once.
-
-    This is the write path of the memory (a :class:`LaneWriter` is a batch writer of one lane):
-    a call takes the frames, actions, rewards and ends of any subset of the lanes as arrays,
-    writes the frames with one fancy-index copy, and publishes the steps under one acquisition
-    of the memory's lock, without a Python loop over the lanes (a loop runs only over the
-    lanes whose block is full, once every ``block_size`` steps). Each lane behaves exactly like
-    a :class:`LaneWriter`: its own chain of blocks, its episodes contiguous, every step
-    sampleable as soon as the call returns.
-
-    Per-lane state (arrays over the lanes), and why the common call needs so few operations:
-
-    * ``_block``: the lane's active block (-1: none yet); ``_next``: its next free slot.
-      ``_safe`` counts the calls left before some lane may run out of room in its block; a call
-      writes at most one frame per lane, so until it reaches 0 no block needs claiming.
-    * ``_cur_slot``: the slot of the lane's current observation (-1: no episode open), the
-      slot the next step is taken from; ``_cur_gen`` its block's generation when written.
-    * ``_cur_off``: ``_cur_slot``'s offset in the active block, or -1 when it lies in the
-      lane's previous block. A step from a slot at offset >= ``history_len - 1`` of the active
-      block is VALID at once (I3: its history is in the block, and an active block is never
-      evicted); the others (just after a block change) take the careful path, which checks
-      the previous block's generation and the ``block_prev_intact`` link.
-
-    Use it from one thread. ``lanes`` arguments are int arrays of distinct lane indices in
-    ``[0, num_lanes)``.
-    """
-
-    def __init__(self, memory, num_lanes):
-        self.memory = memory
-        self.num_lanes = check_int(num_lanes, 'num_lanes', 1)
-        k = self.num_lanes
-        self._block = np.full(k, -1, np.int64)
-        self._next = np.zeros(k, np.int64)
-        self._cur_slot = np.full(k, -1, np.int64)
-        self._cur_gen = np.zeros(k, np.int64)
-        self._cur_epstep = np.zeros(k, np.int64)   # kept here: the slot's block may be evicted
-        self._cur_off = np.full(k, -1, np.int64)
-        self._safe = 0
-        self._closed = False
-
-    def in_episode(self, lanes=None):
-        """Bool array: which lanes are between an episode's first frame and its end."""
-        cur = self._cur_slot if lanes is None else self._cur_slot[lanes]
-        return cur >= 0
-
-    def start_episodes(self, lanes, frames, *, checked=False):
-        """Start a new episode in each of ``lanes`` with its first observation ``frames[j]``.
-
-        An episode still open in such a lane is abandoned: its steps so far stay sampleable.
-        ``checked=True`` skips the frame check (the caller ran :func:`check_frames` itself).
-        """
-        mem = self.memory
-        lanes = self._lanes(lanes)
-        if not checked:
-            frames = _batch(check_frames(frames, mem.state_shape, mem.dtype, 'frames'), len(lanes),
-                            'frames', ndim=2)
-        slots = self._slots(lanes)
-        mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
-        with mem._lock:
-            mem._epstep[slots] = 0
-            mem._flags[slots] = 0
-            mem._block_fill[self._block[lanes]] += 1
-        self._advance(lanes, slots, 0)
-
-    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False):
-        """Record the step each of ``lanes`` took from its current observation.
-
-        Args (arrays of ``len(lanes)``): ``actions`` (integers), ``rewards`` (finite),
-        ``next_frames`` (the observation after the step; the final observation when the step
-        ends the episode, also for a truncated end), ``terminated`` / ``truncated`` (bool: as
-        in :meth:`LaneWriter.add_step`). A lane whose step ends its episode must start a new
-        one before its next step. ``checked=True`` skips the checks of the values (the
-        runners check them before, so that a bad value is the env's failure).
-        """
-        mem = self.memory
-        lanes = self._lanes(lanes)
-        n = len(lanes)
-        cur = self._cur_slot[lanes]
-        if not checked:
-            if (cur < 0).any():
-                raise RuntimeError(f"add_steps: lanes {lanes[cur < 0].tolist()} are outside an episode: "
-                                   "start_episodes(lanes, frames) with the reset observations first")
-            actions = _batch(check_actions(actions, 'actions'), n, 'actions')
-            rewards = _batch(check_rewards(rewards, 'rewards'), n, 'rewards')
-            next_frames = _batch(check_frames(next_frames, mem.state_shape, mem.dtype, 'next_frames'),
-                                 n, 'next_frames', ndim=2)
-            terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
-            truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
-        ended = terminated | truncated
-        any_end = ended.any()
-        if any_end:
-            flags = (terminated.astype(np.uint8) << 1) | (truncated.astype(np.uint8) << 2) \
-                | np.uint8(_HAS_ACTION | _VALID)
-        else:
-            flags = np.uint8(_HAS_ACTION | _VALID)
-        slots = self._slots(lanes)
-        # After _slots: a lane that just took a new block has its current slot in the previous
-        # block now (_cur_off -1), which another writer's claim may evict before we publish.
-        careful = (self._cur_off[lanes] < mem.history_len - 1).any()
-        epsteps = self._cur_epstep[lanes] + 1
-        mem._frames[slots] = next_frames   # outside the lock (I1, I2)
-        with mem._lock:
-            mem._epstep[slots] = epsteps
-            mem._flags[slots] = 0
-            mem._block_fill[self._block[lanes]] += 1
-            mem._num_steps_written += n
-            if careful:
-                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags)
-            else:
-                mem._action[cur] = actions
-                mem._reward[cur] = rewards
-                mem._flags[cur] = flags
-                mem._num_valid += n
-                if mem._priorities is not None:
-                    mem._priorities.on_publish(cur)
-        self._advance(lanes, slots, epsteps)
-        if any_end:
-            self._cur_slot[lanes[ended]] = -1
-
-    def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
-                               lives, history, scores, lengths, lives_now):
-        """The common case of an acting step in one C call (``expreplay._acting_ext``): the
-        steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
-        companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
-        ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
-        changed nothing, when the kernel is not built or a lane needs the general path (a full
-        block, a slot near a block start, an episode end, a lost life, a bad reward)."""
-        if _acting_ext is None or self._safe <= 0 or self._closed \
-                or self.memory._priorities is not None:    # the kernel has no priority hook
-            return False
-        mem = self.memory
-        with mem._lock:
-            try:
-                n = _acting_ext.store_steps(
-                    lanes, actions, next_frames, rewards, terminated, truncated, lives,
-                    self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
-                    mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
-                    history._frames, history._pos, history._base, scores, lengths, lives_now,
-                    mem._frame_bytes, mem.history_len, mem.block_size, mem.num_slots, mem.num_blocks,
-                    self.num_lanes)
-            except (BufferError, ValueError):    # e.g. a non-contiguous frame batch: general path
-                return False
-            if n < 0:
-                return False
-            mem._num_valid += n
-            mem._num_steps_written += n
-        self._safe -= 1
-        return True
-
-    def close(self):
-        """Detach from the memory: every lane's active block is retired. Idempotent."""
-        mem = self.memory
-        with mem._lock:
-            for block in self._block[self._block >= 0]:
-                if mem._block_state[block] == _ACTIVE:
-                    mem._retire(int(block))
-            self._block[:] = -1
-            self._cur_slot[:] = -1
-            self._closed = True
-
-    # ------------------------------------------------------------------ internals
-    def _lanes(self, lanes):
-        if self._closed:
-            raise RuntimeError("this writer is closed")
-        return np.asarray(lanes, np.int64).reshape(-1)
-
-    def _slots(self, lanes):
-        """The slot each lane writes its next frame to (claiming blocks where full)."""
-        if self._safe <= 0:
-            self._claim_where_full()
-        self._safe -= 1
-        return self._next[lanes]
-
-    def _claim_where_full(self):
-        """Give every lane with a full (or no) block a new one; recount ``_safe``."""
-        mem = self.memory
-        bs = mem.block_size
-        blocks = self._block
-        full = np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs))
-        if len(full):
-            with mem._lock:
-                for j in full.tolist():
-                    blocks[j] = mem._claim_block(int(blocks[j]))
-            self._next[full] = blocks[full] * bs
-            # The current observations of those lanes now lie in the previous block.
-            self._cur_off[full] = -1
-        self._safe = int((blocks * bs + bs - self._next).min())
-
-    def _advance(self, lanes, slots, epsteps):
-        """The frames just written at ``slots`` are the lanes' current observations."""
-        self._next[lanes] = slots + 1
-        self._cur_slot[lanes] = slots
-        self._cur_epstep[lanes] = epsteps
-        self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
-        self._cur_off[lanes] = slots - self._block[lanes] * self.memory.block_size
-
-    def _publish_carefully(self, slots, gens, actions, rewards, flags):
-        """Store the steps taken from ``slots`` where some lie in a previous block or at the
-        start of one: VALID only where their history is intact (I3). Caller holds the lock."""
-        mem = self.memory
-        flags = np.broadcast_to(flags, slots.shape)
-        block, offset = np.divmod(slots, mem.block_size)
-        # A slot whose block was evicted since (it was the last of the lane's previous block,
-        # and the oldest) is as gone as any evicted step.
-        alive = (mem._block_gen[block] == gens) & (mem._block_state[block] != _FREE)
-        if not alive.all():
-            slots, block, offset = slots[alive], block[alive], offset[alive]
-            actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
-        mem._action[slots] = actions
-        mem._reward[slots] = rewards
-        needs_prev = np.minimum(mem._epstep[slots], mem.history_len - 1) > offset
-        valid = ~needs_prev | mem._block_prev_intact[block]
-        mem._flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
-        mem._num_valid += int(np.count_nonzero(valid))
-        if mem._priorities is not None:
-            mem._priorities.on_publish(slots[valid])
-
-
-class LaneWriter:
-    """Writes one environment's steps into its own lane of a :class:`ReplayMemory`.
-
-    Use it from one thread. Call :meth:`start_episode` with the observation ``reset()``
-    returned, then :meth:`add_step` after every environment step. Each step is sampleable as
-    soon as ``add_step`` returns, so a writer stopped mid-episode loses nothing it has added.
-    A :class:`BatchWriter` of one lane, with scalar arguments.
-    """
-
-    def __init__(self, memory):
-        self.memory = memory
-        self._writer = BatchWriter(memory, 1)
-
-    @property
-    def in_episode(self):
-        """True between :meth:`start_episode` and the step that ends the episode."""
-        return bool(self._writer._cur_slot[0] >= 0)
-
-    def start_episode(self, obs):
-        """Start a new episode in this lane with its first observation (from ``reset()``).
-
-        An episode still open is abandoned: its steps so far stay sampleable.
-        """
-        frame = self._check_obs(obs, 'obs')
-        self._writer.start_episodes(_LANE0, frame[None], checked=True)
-
-    def add_step(self, action, reward, next_obs, terminated=False, truncated=False):
-        """Record the step taken from the current observation.
-
-        Args:
-            action (int): the action taken.
-            reward (float): the reward received (finite).
-            next_obs: the observation after the step; when the step ends the episode it is
-                the final observation (the true next state, also for a truncated end).
-            terminated (bool): the episode reached a terminal state (``isOver`` when sampled).
-            truncated (bool): the episode was cut (time limit): the transition bootstraps.
-        """
-        if self._writer._cur_slot[0] < 0:
-            raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
-                               "with the reset observation first")
-        action = self._check_action(action)
-        reward = self._check_reward(reward)
-        frame = self._check_obs(next_obs, 'next_obs')
-        terminated = check_bool(terminated, 'terminated')
-        truncated = check_bool(truncated, 'truncated')
-        self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
-                               frame[None], np.array([terminated]), np.array([truncated]),
-                               checked=True)
-
-    def close(self):
-        """Detach from the memory: the lane's active block is retired. Idempotent."""
-        self._writer.close()
-
-    def _check_obs(self, obs, name):
-        return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
-
-    @staticmethod
-    def _check_action(action, name='action'):
-        """One action as an int (the rule of :func:`check_actions`, for one value)."""
-        if isinstance(action, np.ndarray) and action.ndim == 0:
-            action = action[()]
-        if isinstance(action, (bool, np.bool_)) or not isinstance(action, numbers.Integral):
-            raise TypeError(f"{name} must be an integer, got {action!r} ({type(action).__name__})")
-        if not _INT32_MIN <= int(action) <= _INT32_MAX:
-            raise ValueError(f"{name} {action} does not fit int32")
-        return int(action)
-
-    @staticmethod
-    def _check_reward(reward, name='reward'):
-        """One reward as a float that float32 holds (the rule of :func:`check_rewards`)."""
-        if isinstance(reward, np.ndarray) and reward.ndim == 0:
-            reward = reward[()]
-        if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {reward!r} ({type(reward).__name__})")
-        value = float(reward)
-        if not -_FLOAT32_MAX <= value <= _FLOAT32_MAX:   # NaN fails both comparisons
-            raise ValueError(_reward_error(name, value))
-        return value
-
-
-def _batch(arr, n, name, ndim=1):
-    """``arr``, refused unless it holds one value (one frame: ``ndim`` > 1) per lane."""
-    if arr.shape[:1] != (n,) or (ndim == 1 and arr.ndim != 1):
-        raise ValueError(f"{name} has shape {arr.shape}: expected one per lane of the call ({n})")
-    return arr
-
-
-# The rules of what may enter the memory. Each has a one-value form (used per step by the
-# writers) and a vectorized form (for batch writers); both raise the same errors.
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
-_INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
-
-
-def _reward_error(name, value):
-    return (f"{name} must be finite and at most {_FLOAT32_MAX:.4g} in magnitude (rewards are "
-            f"stored as float32), got {value!r}")
-
-
-def check_rewards(rewards, name='rewards'):
-    """``rewards`` (any shape) as float32, refusing non-numbers, NaN, inf and values beyond
-    float32's range (which it would store as inf)."""
-    arr = np.asarray(rewards)
-    if arr.dtype.kind not in 'iuf':
-        raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
-    if arr.dtype.kind == 'f':
-        with np.errstate(invalid='ignore'):
-            bad = ~(np.abs(arr) <= _FLOAT32_MAX)
-        if bad.any():
-            index = np.unravel_index(int(np.argmax(bad)), arr.shape)
-            raise ValueError(_reward_error(f"{name}[{', '.join(map(str, index))}]",
-                                           float(arr[index])))
-    return arr.astype(np.float32)
-
-
-def check_actions(actions, name='actions'):
-    """``actions`` (any shape) as int32, refusing non-integer dtypes and values beyond int32."""
-    arr = np.asarray(actions)
-    if arr.dtype.kind not in 'iu':
-        raise TypeError(f"{name} must be integers, got dtype {arr.dtype}")
-    if arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
-        raise ValueError(f"{name} has values in [{arr.min()}, {arr.max()}] that do not fit int32")
-    return arr.astype(np.int32)
-
-
-def check_flags(flags, name):
-    """``flags`` (e.g. ``terminated`` of a batch) as a bool array; other dtypes are refused
-    (as :func:`~expreplay._checks.check_bool` refuses 'no', 1.0 or NaN for one value)."""
-    arr = np.asarray(flags)
-    if arr.dtype != np.bool_:
-        raise TypeError(f"{name} must be bools, got dtype {arr.dtype}")
-    return arr
-
-
-def _unstorable(arr, dtype):
-    """Why ``arr`` can not be stored as ``dtype`` exactly: None, or (flat index or None, reason).
-
-    Integers must fit (no wrap-around), bools hold 0 and 1 only, a float memory takes finite
-    values within its range and integers it represents exactly (float32 rounds 2**40 + 1);
-    float to int is lossy by kind. Rounding float64 fractions into float32 is accepted: it is
-    what a float32 memory is for.
-    """
-    src = arr.dtype
-    if src.kind not in 'biuf':
-        return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
-    if dtype.kind in 'iu':
-        if src.kind == 'f':
-            return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
-        if src.kind in 'iu' and arr.size and src != dtype:
-            info = np.iinfo(dtype)
-            bad = (arr < info.min) | (arr > info.max)
-            if bad.any():
-                return int(np.argmax(bad)), (f"has values in [{arr.min()}, {arr.max()}] that do "
-                                             f"not fit the memory dtype {dtype}")
-        return None
-    if dtype.kind == 'b':
-        if src.kind == 'f':
-            return None, f"has dtype {src}, which can not be stored as {dtype} without losing data"
-        if src.kind in 'iu':
-            bad = (arr != 0) & (arr != 1)
-            if bad.any():
-                k = int(np.argmax(bad))
-                return k, f"holds {arr.flat[k]}: a bool memory takes 0 and 1 only"
-        return None
-    # A float memory.
-    info = np.finfo(dtype)
-    if src.kind == 'f':
-        if src == dtype and np.isfinite(arr).all():
-            return None
-        with np.errstate(invalid='ignore', over='ignore'):
-            bad = ~(np.abs(arr) <= info.max)
-        if bad.any():
-            k = int(np.argmax(bad))
-            v = float(arr.flat[k])
-            what = ('a NaN' if math.isnan(v) else 'an inf' if math.isinf(v)
-                    else f"{v:g}, beyond the range of {dtype}")
-            return k, f"holds {what}, which can not be stored as {dtype}: frames must be finite"
-        return None
-    if src.kind in 'iu' and src.itemsize * 8 > info.nmant + 1:
-        # Exact iff the odd part of |v| has at most nmant + 1 bits (int64 fits float32's range).
-        limit = 2 ** (info.nmant + 1)
-        big = (arr > limit) | (arr < -limit)
-        if big.any():
-            v = arr[big]
-            u = v.astype(np.uint64) if src.kind == 'u' else \
-                np.where(v < 0, -v.astype(np.int64), v.astype(np.int64)).view(np.uint64)
-            odd = u // (u & (~u + np.uint64(1)))
-            inexact = odd >= np.uint64(limit)
-            if inexact.any():
-                k = int(np.flatnonzero(big.reshape(-1))[int(np.argmax(inexact))])
-                return k, (f"holds the integer {arr.flat[k]}, which {dtype} can not represent "
-                           "exactly (use a wider float dtype or an integer memory)")
-    return None
-
-
-def as_frame(obs, state_shape, dtype, name):
-    """``obs`` as an array of ``state_shape`` that can be stored as ``dtype`` without loss.
-
-    Raises ValueError (wrong shape, values out of range: integer overflow, NaN or inf or
-    beyond the range of a float memory, integers a float dtype would round) or TypeError (a
-    lossy dtype, e.g. float to int), naming ``name``. Shared by the writers and the runners'
-    frame format, so one rule decides what may enter the memory (:func:`check_frames` is its
-    batch form).
-    """
-    arr = np.asarray(obs)
-    if arr.shape != state_shape:
-        raise ValueError(f"{name} has shape {arr.shape}, expected state_shape {state_shape}")
-    problem = _unstorable(arr, dtype)
-    if problem is not None:
-        raise (TypeError if problem[0] is None else ValueError)(f"{name} {problem[1]}")
-    return arr
-
-
-def check_frames(frames, state_shape, dtype, name):
-    """A batch of frames ``(n, *state_shape)`` that can be stored as ``dtype`` without loss.
-
-    The rule of :func:`as_frame` for many frames at once; an error names the first bad frame
-    (``name[i]``).
-    """
-    arr = np.asarray(frames)
-    if arr.shape[1:] != tuple(state_shape) or arr.ndim != len(state_shape) + 1:
-        raise ValueError(f"{name} has shape {arr.shape}, expected (n, *state_shape) with "
-                         f"state_shape {tuple(state_shape)}")
-    problem = _unstorable(arr, dtype)
-    if problem is not None:
-        index, reason = problem
-        if index is None:
-            raise TypeError(f"{name} {reason}")
-        frame_size = max(1, int(np.prod(state_shape)))
-        raise ValueError(f"{name}[{index // frame_size}] {reason}")
-    return arr
 
 
 def _integers(rng, high, size):

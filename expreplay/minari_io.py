@@ -21,6 +21,7 @@ import shutil
 
 import numpy as np
 
+from ._inputs import check_extras
 from .memory import ReplayMemory
 
 __all__ = ['export_minari', 'load_minari']
@@ -95,6 +96,12 @@ def export_minari(memory, dataset_id, *, env=None, observation_space=None, actio
 
     Episodes written with the tensorpack-style :meth:`ReplayMemory.append` have no final
     observation: their terminal step's next observation is exported as zeros.
+
+    The memory's extra per-step fields (``extra_fields``) become the episodes' ``infos``, one
+    array per field with one entry per observation, as Minari's collector records them:
+    ``infos[name][t + 1]`` is the value written with step ``t`` (the info that step
+    returned). The memory keeps no value for the reset observation, so ``infos[name][0]``
+    repeats step 0's.
     """
     minari, gym = _import_minari()
     if not isinstance(memory, ReplayMemory):
@@ -244,13 +251,23 @@ def _episode_chunks(memory, obs_space, action_space, minari):
             actions=actions.astype(action_space.dtype),
             rewards=episode['rewards'],
             terminations=episode['terminations'],
-            truncations=episode['truncations']))
+            truncations=episode['truncations'],
+            infos=_infos_of(episode['extras'])))
         nbytes += observations.nbytes
         if nbytes >= _EXPORT_CHUNK_BYTES:
             yield chunk
             chunk, nbytes = [], 0
     if chunk:
         yield chunk
+
+
+def _infos_of(extras):
+    """Minari infos (one per observation: the reset's, then each step's) from the memory's
+    per-step extra fields; the reset entry, which the memory does not hold, repeats the first
+    step's value."""
+    if not extras:
+        return None
+    return {name: np.concatenate([values[:1], values]) for name, values in extras.items()}
 
 
 def _check_jpeg_supported(minari, kwargs, obs_space):
@@ -276,7 +293,8 @@ def _no_episodes_error(memory):
 
 
 # ---------------------------------------------------------------------------------- import
-def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dtype=None):
+def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dtype=None,
+                extra_fields=None):
     """Fill a ReplayMemory with every episode of a Minari dataset (demonstrations, say).
 
     Each episode is written with one :class:`~expreplay.LaneWriter`, step by step: the first
@@ -294,6 +312,12 @@ def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dty
             dataset (its steps plus one frame per episode).
         history_len (int): for a new memory (ignored when ``memory`` is given).
         dtype (optional): for a new memory; the dataset's observation dtype by default.
+        extra_fields (dict, optional): for a new memory, its extra per-step fields (name ->
+            dtype), loaded from the episodes' step infos: step ``t`` gets ``infos[name][t + 1]``
+            (the info step t returned; ``infos[name][0]``, the reset's, has no step). A given
+            ``memory``'s own ``extra_fields`` are loaded the same way. Info keys that are not
+            fields are ignored; a field missing from an episode's infos, of the wrong length,
+            or with values the field's dtype can not hold raises ValueError naming it.
 
     Returns:
         ReplayMemory: the filled memory (``memory`` itself when given).
@@ -342,13 +366,14 @@ def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dty
             # Every episode takes its steps plus one slot for its final observation.
             max_size = max(int(dataset.total_steps) + len(dataset), history_len + 1)
         memory = ReplayMemory(max_size, shape, history_len,
-                              dtype=obs_space.dtype if dtype is None else dtype)
+                              dtype=obs_space.dtype if dtype is None else dtype,
+                              extra_fields=extra_fields)
     else:
         if not isinstance(memory, ReplayMemory):
             raise TypeError(f"memory must be a ReplayMemory, got {type(memory).__name__}")
-        if max_size is not None or dtype is not None:
-            raise ValueError("max_size and dtype configure a new memory: do not pass them "
-                             "together with memory")
+        if max_size is not None or dtype is not None or extra_fields is not None:
+            raise ValueError("max_size, dtype and extra_fields configure a new memory: do not "
+                             "pass them together with memory")
         if memory.state_shape != shape:
             raise ValueError(f"memory has state_shape {memory.state_shape}, but the "
                              f"observations of {name} have shape {shape}")
@@ -405,12 +430,39 @@ def _write_episode(writer, episode, shape, name):
     if ends.size and ends[0] != steps - 1:
         raise ValueError(f"{where}: the episode ends at step {ends[0]} of {steps}: only its "
                          "last step may be terminated or truncated")
+    fields = writer.memory.extra_fields
+    extras = _step_extras(episode, fields, steps, where)
     if steps == 0:
         return
     try:
         writer.start_episode(obs[0])
         for t in range(steps):
             writer.add_step(int(actions[t]), rewards[t], obs[t + 1],
-                            terminated=bool(terms[t]), truncated=bool(truncs[t]))
+                            terminated=bool(terms[t]), truncated=bool(truncs[t]),
+                            extras={name: values[t] for name, values in extras.items()}
+                            if extras else None)
     except (TypeError, ValueError) as err:
         raise type(err)(f"{where}: {err}") from err
+
+
+def _step_extras(episode, fields, steps, where):
+    """The memory's extra fields for each step, from the episode's infos (``infos[name][1:]``),
+    all checked before anything is written."""
+    if not fields:
+        return {}
+    infos = getattr(episode, 'infos', None) or {}
+    out = {}
+    for name in fields:
+        if name not in infos:
+            raise ValueError(f"{where}: its infos have no {name!r}, an extra field of the "
+                             f"memory (infos: {sorted(infos)})")
+        values = np.asarray(infos[name])
+        if values.shape != (steps + 1,):
+            raise ValueError(f"{where}: infos[{name!r}] has shape {values.shape}, expected "
+                             f"({steps + 1},) (one per observation)")
+        out[name] = values[1:]
+    try:
+        check_extras(out, fields, steps, name='infos')
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: {err}") from err
+    return out

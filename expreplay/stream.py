@@ -115,7 +115,8 @@ class MemoryCheckpoint:
     """Where a replay memory is saved to and resumed from: ``<directory>/<filename>``.
 
     Loading checks that the checkpoint matches the memory the caller would otherwise build
-    (size, frame shape, history, dtype) and refuses another one with ``ValueError``.
+    (size, frame shape, history, dtype, prioritized and its alpha / priority_eps) and refuses
+    another one with ``ValueError`` naming the setting.
     """
 
     FILENAME = 'replay_memory.npz'
@@ -127,12 +128,13 @@ class MemoryCheckpoint:
     def exists(self):
         return os.path.isfile(self.path)
 
-    def load(self, max_size, state_shape, history_len, dtype):
-        """The saved memory, or None when there is no checkpoint yet."""
+    def load(self, max_size, state_shape, history_len, dtype, **settings):
+        """The saved memory, or None when there is no checkpoint yet. ``settings``: more of
+        :meth:`ReplayMemory.load`'s expected settings (``prioritized``, ``alpha``, ...)."""
         if not self.exists():
             return None
         memory = ReplayMemory.load(self.path, max_size=max_size, state_shape=state_shape,
-                                   history_len=history_len, dtype=dtype)
+                                   history_len=history_len, dtype=dtype, **settings)
         logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
         return memory
 
@@ -363,8 +365,10 @@ REPLAY_ARGS
 
         self.checkpoint = None if checkpoint_dir is None else MemoryCheckpoint(checkpoint_dir)
         if memory is None and self.checkpoint is not None:
-            memory = self.checkpoint.load(self.memory_size, self.state_shape, self.history_len,
-                                          self.state_dtype)
+            memory = self.checkpoint.load(
+                self.memory_size, self.state_shape, self.history_len, self.state_dtype,
+                prioritized=self.prioritized, extra_fields={},   # the runners write none
+                **(dict(alpha=alpha, priority_eps=priority_eps) if self.prioritized else {}))
         if memory is None:
             memory = ReplayMemory(self.memory_size, self.state_shape, self.history_len,
                                   self.state_dtype, prioritized=self.prioritized, alpha=alpha,

@@ -196,8 +196,11 @@ def test_flipped_bits_are_detected_or_harmless(tmp_path):
     mem.save(path)
     data = bytearray(path.read_bytes())
     rng = np.random.default_rng(0)
-    positions = sorted(set(rng.integers(0, len(data), 150).tolist()) |
-                       set(range(len(data) - 120, len(data), 3)))     # the central directory
+    anywhere = set(rng.integers(0, len(data), 150).tolist())
+    # The central directory, swept: most of its bytes are fields nothing checks (times,
+    # attributes), so it counts for "detected or harmless" but not in the detection ratio,
+    # which would otherwise move with the file's length.
+    positions = sorted(anywhere | set(range(len(data) - 120, len(data), 3)))
     bad = tmp_path / 'bad.npz'
     detected = 0
     for pos in positions:
@@ -208,13 +211,16 @@ def test_flipped_bits_are_detected_or_harmless(tmp_path):
             loaded = ReplayMemory.load(bad)
         except CheckpointError as err:
             assert str(bad) in str(err)
-            detected += 1
+            detected += pos in anywhere
         else:
             assert_same_memory(loaded, mem)
-    assert detected > 0.8 * len(positions)
+    assert detected > 0.8 * len(anywhere)
 
 
 # ------------------------------------------------------------------------------ crafted files
+DROP = object()   # rewrite(meta_key=DROP): remove the key from the metadata
+
+
 def rewrite(path, out, **changes):
     """Rewrite a checkpoint with numpy (as a user would), changing tables or metadata."""
     import json
@@ -222,7 +228,9 @@ def rewrite(path, out, **changes):
         tables = {name: archive[name] for name in archive.files}
     meta = json.loads(bytes(tables['meta']).decode())
     for key, value in changes.items():
-        if key.startswith('meta_'):
+        if key.startswith('meta_') and value is DROP:
+            del meta[key[5:]]
+        elif key.startswith('meta_'):
             meta[key[5:]] = value
         elif value is None:
             del tables[key]
@@ -316,34 +324,37 @@ def test_load_checks_the_expected_configuration_like_the_constructor(tmp_path):
 
 
 def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, monkeypatch):
-    """How a later version adds a per-slot table (e.g. priorities): an entry in TABLES and a
-    version bump; files of the previous version load, the new table at its initial value."""
+    """How a later version adds a per-slot table (as version 3 added priorities): an entry in
+    TABLES and a version bump; files of the previous version load, the new table at its
+    initial value."""
     from expreplay import _checkpoint
 
-    class PrioritizedMemory(ReplayMemory):
+    class VisitedMemory(ReplayMemory):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            self._priority = np.ones(self.num_slots, np.float32)
+            self._visits = np.ones(self.num_slots, np.float32)
 
     rng = np.random.default_rng(0)
-    old = PrioritizedMemory(120, FRAME_SHAPE, 4, block_size=8)
+    old = VisitedMemory(120, FRAME_SHAPE, 4, block_size=8)
     for w in write_random_stream(old, 3, 200, rng, StreamModel())[0]:
         w.close()
-    old.save(tmp_path / 'v2.npz')                       # written by today's format
+    old.save(tmp_path / 'now.npz')                      # written by today's format
 
-    monkeypatch.setattr(_checkpoint, 'VERSION', _checkpoint.VERSION + 1)
-    monkeypatch.setitem(_checkpoint.TABLES, 'priority', ('_priority', 'slot'))
-    monkeypatch.setattr(_checkpoint, 'MISSING_IN_OLD_VERSIONS', {_checkpoint.VERSION - 1: ('priority',)})
-    mem = PrioritizedMemory.load(tmp_path / 'v2.npz')
+    current = _checkpoint.VERSION
+    monkeypatch.setattr(_checkpoint, 'VERSION', current + 1)
+    monkeypatch.setitem(_checkpoint.TABLES, 'visits', ('_visits', 'slot'))
+    monkeypatch.setattr(_checkpoint, 'MISSING_IN_OLD_VERSIONS',
+                        {**_checkpoint.MISSING_IN_OLD_VERSIONS, current: ('visits',)})
+    mem = VisitedMemory.load(tmp_path / 'now.npz')
     assert_same_memory(mem, old)
-    assert (mem._priority == 1).all()
+    assert (mem._visits == 1).all()
     written = np.flatnonzero(mem._flags & 1)
-    mem._priority[written] = np.arange(len(written), dtype=np.float32)
-    mem.save(tmp_path / 'v3.npz')
-    again = PrioritizedMemory.load(tmp_path / 'v3.npz')
-    np.testing.assert_array_equal(again._priority[written], np.arange(len(written)))
-    with np.load(tmp_path / 'v3.npz') as archive:
-        assert archive['priority'].shape == (int(mem._block_fill.sum()),)   # written slots only
+    mem._visits[written] = np.arange(len(written), dtype=np.float32)
+    mem.save(tmp_path / 'next.npz')
+    again = VisitedMemory.load(tmp_path / 'next.npz')
+    np.testing.assert_array_equal(again._visits[written], np.arange(len(written)))
+    with np.load(tmp_path / 'next.npz') as archive:
+        assert archive['visits'].shape == (int(mem._block_fill.sum()),)   # written slots only
 
 
 def test_saves_taken_while_writers_run_hold_exactly_the_written_transitions(tmp_path):

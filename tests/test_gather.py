@@ -54,7 +54,7 @@ def test_matches_numpy(impl, shape, dtype, K, layout):
 
 
 @pytest.mark.parametrize('K', [2, 3, 4, 5, 6, 7, 8, 9])
-@pytest.mark.parametrize('frame_size', [1, 18, 19, 20, 35, 84 * 84])
+@pytest.mark.parametrize('frame_size', [1, 16, 18, 19, 20, 32, 35, 84 * 84])
 def test_uint8_nhwc_vector_loop_and_tail(impl, K, frame_size):
     """Cover the extension's 16-pixel loop and its tail for every K it handles (2..8), and check
     that its overlapping 8-byte stores never write past the end of `out`."""
@@ -131,3 +131,41 @@ def test_extension_validates_its_arguments():
         ext.interleave(frames, np.full((4, 5), N, np.intp), out)
     with pytest.raises((ValueError, BufferError)):  # numpy refuses the buffer request
         ext.interleave(frames, idx, out.copy().T)                # not C-contiguous
+
+
+def test_gather_states_resolves_histories_like_the_memory():
+    """The memory's one-call state gather gives exactly _history_index + gather_frames, at
+    episode starts (zero frames) and across block edges (the lane's previous block)."""
+    ext = _gather._gather_ext
+    if ext is None:
+        pytest.skip('C extension expreplay._gather_ext not built')
+    from expreplay import ReplayMemory
+    rng = np.random.default_rng(0)
+    for h in (2, 4, 5):
+        mem = ReplayMemory(200, (6, 7), h, block_size=max(h, 6))
+        writers = [mem.new_writer() for _ in range(3)]
+        for i in range(3000):
+            w = writers[i % 3]
+            if i < 3 or rng.random() < 0.05:
+                w.start_episode(rng.integers(0, 256, (6, 7), dtype=np.uint8))
+            else:
+                w.add_step(0, 0.0, rng.integers(0, 256, (6, 7), dtype=np.uint8))
+        slots = np.flatnonzero(mem._flags & 1)
+        assert len(slots) > 100
+        want = gather_frames(mem._frames, mem._history_index(slots), 'NHWC')
+        out = np.empty_like(want)
+        ext.gather_states(mem._frames, mem._epstep, mem._block_prev, slots.astype(np.int64), out,
+                          h, mem.block_size, mem.ZERO_SLOT)
+        np.testing.assert_array_equal(out, want)
+        assert (mem._epstep[slots] < h - 1).any()                       # zero-padded ones
+        assert (slots % mem.block_size < h - 1).any()                   # across a block edge
+        with pytest.raises(IndexError):
+            ext.gather_states(mem._frames, mem._epstep, mem._block_prev,
+                              np.array([10 ** 9], np.int64), out[:1], h, mem.block_size,
+                              mem.ZERO_SLOT)
+        with pytest.raises(ValueError):
+            ext.gather_states(mem._frames, mem._epstep.astype(np.int64), mem._block_prev,
+                              slots.astype(np.int64), out, h, mem.block_size, mem.ZERO_SLOT)
+        with pytest.raises(ValueError):
+            ext.gather_states(mem._frames, mem._epstep, mem._block_prev,
+                              slots.astype(np.int64), out[:1], h, mem.block_size, mem.ZERO_SLOT)

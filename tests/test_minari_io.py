@@ -249,7 +249,7 @@ def test_load_into_existing_memory_appends_and_checks_fit():
         load_minari(dataset, ReplayMemory(100, (5,), history_len=2, dtype=np.float32))
     with pytest.raises(ValueError, match='memory has dtype'):
         load_minari(dataset, ReplayMemory(100, (4,), history_len=2, dtype=np.uint8))
-    with pytest.raises(ValueError, match='max_size and dtype'):
+    with pytest.raises(ValueError, match='max_size, dtype and extra_fields'):
         load_minari(dataset, mem, max_size=10)
 
 

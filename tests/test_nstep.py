@@ -13,6 +13,20 @@ from expreplay import ReplayMemory
 from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
 
 
+@pytest.fixture(params=['C kernels', 'numpy'])
+def kernels(request, monkeypatch):
+    """With the optional C kernels (frame gather, priority tree) and with the numpy paths
+    they stand in for (a machine without a compiler)."""
+    import expreplay._gather
+    import expreplay.priority
+    if request.param == 'numpy':
+        monkeypatch.setattr(expreplay._gather, '_gather_ext', None)
+        monkeypatch.setattr(expreplay.priority, '_tree_ext', None)
+    elif expreplay._gather._gather_ext is None or expreplay.priority._tree_ext is None:
+        pytest.skip("the C kernels are not built here")
+    return request.param
+
+
 class Script:
     """What was written, per (lane, episode): steps taken and how the episode ended."""
 
@@ -141,7 +155,8 @@ def check_batch(mem, batch, script, n, gamma, layout):
     (4, 2, 50, 2, 7),       # block_size == history_len
     (2, 6, 200, 7, 1),      # n = 1 through the same path
 ])
-def test_every_n_step_field_against_reference(num_lanes, history_len, max_size, block_size, n):
+def test_every_n_step_field_against_reference(num_lanes, history_len, max_size, block_size, n,
+                                              kernels):
     rng = np.random.default_rng(num_lanes * 1000 + n)
     mem = ReplayMemory(max_size, FRAME_SHAPE, history_len, block_size=block_size)
     script = Script()

@@ -16,6 +16,42 @@ from test_nstep import Script, ScriptedWriters
 VALID = 1
 
 
+@pytest.fixture(autouse=True, params=['C', 'numpy'])
+def tree_impl(request, monkeypatch):
+    """Every test with the optional C tree kernel and with the numpy tree it stands in for."""
+    import expreplay.priority
+    if request.param == 'numpy':
+        monkeypatch.setattr(expreplay.priority, '_tree_ext', None)
+    elif expreplay.priority._tree_ext is None:
+        pytest.skip("the C tree kernel is not built here")
+    return request.param
+
+
+def test_the_kernel_validates_its_arguments(tree_impl):
+    from expreplay.priority import _tree_ext
+    if tree_impl != 'C':
+        pytest.skip("C only")
+    tree = SumMinTree(100, fanout=4)
+    sums, mins = tuple(tree._sum), tuple(tree._min)
+    out = np.empty(3, np.int64)
+    with pytest.raises(ValueError, match='float64'):
+        _tree_ext.find(tuple(a.astype(np.float32) for a in sums), np.zeros(3), out, 4)
+    with pytest.raises(ValueError, match='length of u'):
+        _tree_ext.find(sums, np.zeros(2), out, 4)
+    with pytest.raises(ValueError, match='too short'):
+        _tree_ext.find(sums[:1] + (np.zeros(2),), np.zeros(3), out, 4)
+    with pytest.raises(ValueError, match='fanout'):
+        _tree_ext.find(sums, np.zeros(3), out, 1)
+    with pytest.raises(IndexError, match='leaf index'):
+        _tree_ext.refresh(sums, mins, np.array([100000]), 4)
+    with pytest.raises(ValueError, match='same levels'):
+        _tree_ext.refresh(sums, mins[:-1], np.array([1]), 4)
+    with pytest.raises(IndexError, match='leaf range'):
+        _tree_ext.refresh_range(sums, mins, 0, 10 ** 6, 4)
+    with pytest.raises(ValueError, match='int64'):
+        _tree_ext.refresh(sums, mins, np.array([1.0]), 4)
+
+
 def chi2_critical(dof, z=3.09):
     """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.999)."""
     return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3

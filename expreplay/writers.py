@@ -1,0 +1,345 @@
+"""The write path of the replay memory: :class:`BatchWriter` (many lanes in one call) and
+:class:`LaneWriter` (one environment, scalar arguments).
+
+A writer owns its lanes' active blocks (the memory's invariant I1, see
+:mod:`expreplay.memory`): it writes frames into them outside the memory's lock and publishes
+the steps (epstep, action, reward, flags, VALID, priority) under it. The rules of what may be
+written are :mod:`expreplay._inputs`. Both classes are re-exported by :mod:`expreplay.memory`.
+"""
+
+import numpy as np
+
+from ._checks import check_bool, check_int
+from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
+                      check_frames, check_reward, check_rewards)
+from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _VALID
+
+# The optional C kernel of the common acting step is looked up as ``memory._acting_ext`` at
+# call time (a cycle: memory imports this module), so that setting it to None there (as the
+# tests do, for the numpy path) switches every writer off it.
+from . import memory as _memory
+
+__all__ = ['BatchWriter', 'LaneWriter']
+
+_LANE0 = np.zeros(1, np.int64)
+
+
+class BatchWriter:
+    """Writes the steps of ``num_lanes`` environments into lanes of a :class:`ReplayMemory`,
+    all lanes of one call at once.
+
+    This is the write path of the memory (a :class:`LaneWriter` is a batch writer of one lane):
+    a call takes the frames, actions, rewards and ends of any subset of the lanes as arrays,
+    writes the frames with one fancy-index copy, and publishes the steps under one acquisition
+    of the memory's lock, without a Python loop over the lanes (a loop runs only over the
+    lanes whose block is full, once every ``block_size`` steps). Each lane behaves exactly like
+    a :class:`LaneWriter`: its own chain of blocks, its episodes contiguous, every step
+    sampleable as soon as the call returns.
+
+    Per-lane state (arrays over the lanes), and why the common call needs so few operations:
+
+    * ``_block``: the lane's active block (-1: none yet); ``_next``: its next free slot.
+      ``_safe`` counts the calls left before some lane may run out of room in its block; a call
+      writes at most one frame per lane, so until it reaches 0 no block needs claiming.
+    * ``_cur_slot``: the slot of the lane's current observation (-1: no episode open), the
+      slot the next step is taken from; ``_cur_gen`` its block's generation when written.
+    * ``_cur_off``: ``_cur_slot``'s offset in the active block, or -1 when it lies in the
+      lane's previous block. A step from a slot at offset >= ``history_len - 1`` of the active
+      block is VALID at once (I3: its history is in the block, and an active block is never
+      evicted); the others (just after a block change) take the careful path, which checks
+      the previous block's generation and the ``block_prev_intact`` link.
+
+    Use it from one thread. ``lanes`` arguments are int arrays of distinct lane indices in
+    ``[0, num_lanes)``.
+    """
+
+    def __init__(self, memory, num_lanes):
+        self.memory = memory
+        self.num_lanes = check_int(num_lanes, 'num_lanes', 1)
+        k = self.num_lanes
+        self._block = np.full(k, -1, np.int64)
+        self._next = np.zeros(k, np.int64)
+        self._cur_slot = np.full(k, -1, np.int64)
+        self._cur_gen = np.zeros(k, np.int64)
+        self._cur_epstep = np.zeros(k, np.int64)   # kept here: the slot's block may be evicted
+        self._cur_off = np.full(k, -1, np.int64)
+        self._safe = 0
+        self._closed = False
+
+    def in_episode(self, lanes=None):
+        """Bool array: which lanes are between an episode's first frame and its end."""
+        cur = self._cur_slot if lanes is None else self._cur_slot[lanes]
+        return cur >= 0
+
+    def start_episodes(self, lanes, frames, *, checked=False):
+        """Start a new episode in each of ``lanes`` with its first observation ``frames[j]``.
+
+        An episode still open in such a lane is abandoned: its steps so far stay sampleable.
+        ``checked=True`` skips the frame check (the caller ran :func:`check_frames` itself).
+        """
+        mem = self.memory
+        lanes = self._lanes(lanes)
+        if not checked:
+            frames = _batch(check_frames(frames, mem.state_shape, mem.dtype, 'frames'), len(lanes),
+                            'frames', ndim=2)
+        slots = self._slots(lanes)
+        mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
+        with mem._lock:
+            mem._epstep[slots] = 0
+            mem._flags[slots] = 0
+            mem._block_fill[self._block[lanes]] += 1
+        self._advance(lanes, slots, 0)
+
+    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False,
+                  extras=None):
+        """Record the step each of ``lanes`` took from its current observation.
+
+        Args (arrays of ``len(lanes)``): ``actions`` (integers), ``rewards`` (finite),
+        ``next_frames`` (the observation after the step; the final observation when the step
+        ends the episode, also for a truncated end), ``terminated`` / ``truncated`` (bool: as
+        in :meth:`LaneWriter.add_step`). A lane whose step ends its episode must start a new
+        one before its next step. ``checked=True`` skips the checks of the values (the
+        runners check them before, so that a bad value is the env's failure).
+        ``extras``: for a memory with ``extra_fields``, a dict holding every field, each an
+        array of ``len(lanes)`` values (always checked, whatever ``checked`` says).
+        """
+        mem = self.memory
+        lanes = self._lanes(lanes)
+        n = len(lanes)
+        cur = self._cur_slot[lanes]
+        if not checked:
+            if (cur < 0).any():
+                raise RuntimeError(f"add_steps: lanes {lanes[cur < 0].tolist()} are outside an episode: "
+                                   "start_episodes(lanes, frames) with the reset observations first")
+            actions = _batch(check_actions(actions, 'actions'), n, 'actions')
+            rewards = _batch(check_rewards(rewards, 'rewards'), n, 'rewards')
+            next_frames = _batch(check_frames(next_frames, mem.state_shape, mem.dtype, 'next_frames'),
+                                 n, 'next_frames', ndim=2)
+            terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
+            truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
+        if mem._extras or extras:
+            extras = check_extras(extras, mem.extra_fields, n)
+        ended = terminated | truncated
+        any_end = ended.any()
+        if any_end:
+            flags = (terminated.astype(np.uint8) << 1) | (truncated.astype(np.uint8) << 2) \
+                | np.uint8(_HAS_ACTION | _VALID)
+        else:
+            flags = np.uint8(_HAS_ACTION | _VALID)
+        slots = self._slots(lanes)
+        # After _slots: a lane that just took a new block has its current slot in the previous
+        # block now (_cur_off -1), which another writer's claim may evict before we publish.
+        careful = (self._cur_off[lanes] < mem.history_len - 1).any()
+        epsteps = self._cur_epstep[lanes] + 1
+        mem._frames[slots] = next_frames   # outside the lock (I1, I2)
+        with mem._lock:
+            mem._epstep[slots] = epsteps
+            mem._flags[slots] = 0
+            mem._block_fill[self._block[lanes]] += 1
+            mem._num_steps_written += n
+            if careful:
+                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags, extras)
+            else:
+                mem._action[cur] = actions
+                mem._reward[cur] = rewards
+                if extras:
+                    for name, values in extras.items():
+                        mem._extras[name][cur] = values
+                mem._flags[cur] = flags
+                mem._num_valid += n
+                if mem._priorities is not None:
+                    mem._priorities.on_publish(cur)
+        self._advance(lanes, slots, epsteps)
+        if any_end:
+            self._cur_slot[lanes[ended]] = -1
+
+    def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
+                               lives, history, scores, lengths, lives_now, *, extras=None):
+        """The common case of an acting step in one C call (``expreplay._acting_ext``): the
+        steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
+        companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
+        ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
+        changed nothing, when the kernel is not built or a lane needs the general path (a full
+        block, a slot near a block start, an episode end, a lost life, a bad reward).
+
+        ``extras`` as in :meth:`add_steps` (checked first: bad extras raise, changing nothing).
+        The kernel stores frames, actions and rewards; what it does not know of (the extra
+        fields, a prioritized memory's new tree entries) is added here, under the same hold of
+        the memory's lock, so a sampler sees the steps whole."""
+        _acting_ext = _memory._acting_ext
+        if _acting_ext is None or self._safe <= 0 or self._closed:
+            return False
+        mem = self.memory
+        if mem._extras or extras:
+            extras = check_extras(extras, mem.extra_fields, len(lanes))
+        prio = mem._priorities
+        with mem._lock:
+            try:
+                # The slots the steps are taken from (published by the kernel), for the hooks.
+                cur = self._cur_slot[lanes] if prio is not None or extras else None
+                n = _acting_ext.store_steps(
+                    lanes, actions, next_frames, rewards, terminated, truncated, lives,
+                    self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
+                    mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
+                    history._frames, history._pos, history._base, scores, lengths, lives_now,
+                    mem._frame_bytes, mem.history_len, mem.block_size, mem.num_slots, mem.num_blocks,
+                    self.num_lanes)
+            except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
+                return False
+            if n < 0:
+                return False
+            if extras:
+                for name, values in extras.items():
+                    mem._extras[name][cur] = values
+            if prio is not None:
+                prio.on_publish(cur)
+            mem._num_valid += n
+            mem._num_steps_written += n
+        self._safe -= 1
+        return True
+
+    def close(self):
+        """Detach from the memory: every lane's active block is retired. Idempotent."""
+        mem = self.memory
+        with mem._lock:
+            for block in self._block[self._block >= 0]:
+                if mem._block_state[block] == _ACTIVE:
+                    mem._retire(int(block))
+            self._block[:] = -1
+            self._cur_slot[:] = -1
+            self._closed = True
+
+    # ------------------------------------------------------------------ internals
+    def _lanes(self, lanes):
+        if self._closed:
+            raise RuntimeError("this writer is closed")
+        return np.asarray(lanes, np.int64).reshape(-1)
+
+    def _slots(self, lanes):
+        """The slot each lane writes its next frame to (claiming blocks where full)."""
+        if self._safe <= 0:
+            self._claim_where_full()
+        self._safe -= 1
+        return self._next[lanes]
+
+    def _claim_where_full(self):
+        """Give every lane with a full (or no) block a new one; recount ``_safe``."""
+        mem = self.memory
+        bs = mem.block_size
+        blocks = self._block
+        full = np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs))
+        if len(full):
+            with mem._lock:
+                for j in full.tolist():
+                    blocks[j] = mem._claim_block(int(blocks[j]))
+            self._next[full] = blocks[full] * bs
+            # The current observations of those lanes now lie in the previous block.
+            self._cur_off[full] = -1
+        self._safe = int((blocks * bs + bs - self._next).min())
+
+    def _advance(self, lanes, slots, epsteps):
+        """The frames just written at ``slots`` are the lanes' current observations."""
+        self._next[lanes] = slots + 1
+        self._cur_slot[lanes] = slots
+        self._cur_epstep[lanes] = epsteps
+        self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
+        self._cur_off[lanes] = slots - self._block[lanes] * self.memory.block_size
+
+    def _publish_carefully(self, slots, gens, actions, rewards, flags, extras=None):
+        """Store the steps taken from ``slots`` where some lie in a previous block or at the
+        start of one: VALID only where their history is intact (I3). Caller holds the lock."""
+        mem = self.memory
+        flags = np.broadcast_to(flags, slots.shape)
+        block, offset = np.divmod(slots, mem.block_size)
+        # A slot whose block was evicted since (it was the last of the lane's previous block,
+        # and the oldest) is as gone as any evicted step.
+        alive = (mem._block_gen[block] == gens) & (mem._block_state[block] != _FREE)
+        if not alive.all():
+            slots, block, offset = slots[alive], block[alive], offset[alive]
+            actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
+            if extras:
+                extras = {name: values[alive] for name, values in extras.items()}
+        mem._action[slots] = actions
+        mem._reward[slots] = rewards
+        if extras:
+            for name, values in extras.items():
+                mem._extras[name][slots] = values
+        needs_prev = np.minimum(mem._epstep[slots], mem.history_len - 1) > offset
+        valid = ~needs_prev | mem._block_prev_intact[block]
+        mem._flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
+        mem._num_valid += int(np.count_nonzero(valid))
+        if mem._priorities is not None:
+            mem._priorities.on_publish(slots[valid])
+
+
+class LaneWriter:
+    """Writes one environment's steps into its own lane of a :class:`ReplayMemory`.
+
+    Use it from one thread. Call :meth:`start_episode` with the observation ``reset()``
+    returned, then :meth:`add_step` after every environment step. Each step is sampleable as
+    soon as ``add_step`` returns, so a writer stopped mid-episode loses nothing it has added.
+    A :class:`BatchWriter` of one lane, with scalar arguments.
+    """
+
+    def __init__(self, memory):
+        self.memory = memory
+        self._writer = BatchWriter(memory, 1)
+
+    @property
+    def in_episode(self):
+        """True between :meth:`start_episode` and the step that ends the episode."""
+        return bool(self._writer._cur_slot[0] >= 0)
+
+    def start_episode(self, obs):
+        """Start a new episode in this lane with its first observation (from ``reset()``).
+
+        An episode still open is abandoned: its steps so far stay sampleable.
+        """
+        frame = self._check_obs(obs, 'obs')
+        self._writer.start_episodes(_LANE0, frame[None], checked=True)
+
+    def add_step(self, action, reward, next_obs, terminated=False, truncated=False, *, extras=None):
+        """Record the step taken from the current observation.
+
+        Args:
+            action (int): the action taken.
+            reward (float): the reward received (finite).
+            next_obs: the observation after the step; when the step ends the episode it is
+                the final observation (the true next state, also for a truncated end).
+            terminated (bool): the episode reached a terminal state (``isOver`` when sampled).
+            truncated (bool): the episode was cut (time limit): the transition bootstraps.
+            extras (dict): for a memory with ``extra_fields``, every field's value for this
+                step (a scalar each), e.g. ``{'lives': info['lives']}``; returned with the
+                transition from the current observation.
+        """
+        if self._writer._cur_slot[0] < 0:
+            raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
+                               "with the reset observation first")
+        action = self._check_action(action)
+        reward = self._check_reward(reward)
+        frame = self._check_obs(next_obs, 'next_obs')
+        terminated = check_bool(terminated, 'terminated')
+        truncated = check_bool(truncated, 'truncated')
+        if extras is not None or self.memory._extras:
+            extras = check_extras(extras, self.memory.extra_fields)
+        self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
+                               frame[None], np.array([terminated]), np.array([truncated]),
+                               checked=True, extras=extras)
+
+    def close(self):
+        """Detach from the memory: the lane's active block is retired. Idempotent."""
+        self._writer.close()
+
+    def _check_obs(self, obs, name):
+        return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
+
+    # The one-value forms of the input rules (expreplay._inputs).
+    _check_action = staticmethod(check_action)
+    _check_reward = staticmethod(check_reward)
+
+
+def _batch(arr, n, name, ndim=1):
+    """``arr``, refused unless it holds one value (one frame: ``ndim`` > 1) per lane."""
+    if arr.shape[:1] != (n,) or (ndim == 1 and arr.ndim != 1):
+        raise ValueError(f"{name} has shape {arr.shape}: expected one per lane of the call ({n})")
+    return arr
