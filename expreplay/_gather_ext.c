@@ -37,12 +37,8 @@
 /* Four pixels: lo4 holds bytes 0-3 of each pixel's word (frames 0-3), hi4 bytes 4-7. */
 ALWAYS_INLINE void store4(uint8_t *o, __m128i lo4, __m128i hi4, const int K)
 {
-    /* K = 4 and 8 fill whole registers: no overlapping 8-byte stores. This halves the time
-     * of the common K = 4 (a 4-frame state): the overlapping stores were the bottleneck. */
-    if (K == 4) {
-        _mm_storeu_si128((__m128i *)o, lo4);
-        return;
-    }
+    /* K = 8 fills whole registers: two 16-byte stores, not four overlapping 8-byte ones.
+     * (K = 4 has a loop of its own in interleave_row.) */
     if (K == 8) {
         _mm_storeu_si128((__m128i *)o, _mm_unpacklo_epi32(lo4, hi4));
         _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi32(lo4, hi4));

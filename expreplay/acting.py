@@ -145,6 +145,12 @@ class EnvRunner:
         if not callable(getattr(memory, 'new_batch_writer', None)) or getattr(memory, 'state_shape', None) is None:
             raise TypeError(f"memory must be a ReplayMemory (with new_batch_writer() and state_shape), "
                             f"got {type(memory).__name__}")
+        if getattr(memory, 'extra_fields', None):
+            # The acting path writes frames, actions, rewards and ends only: a memory that
+            # wants more per step would refuse the first one.
+            raise ValueError(f"memory has extra_fields {sorted(memory.extra_fields)}, which an "
+                             "EnvRunner does not write; write such a memory with its writers "
+                             "(new_writer / new_batch_writer, extras=...)")
         self.memory = memory
         self.history_len = check_int(history_len, 'history_len', 1)
         if memory.history_len != self.history_len:

@@ -1149,3 +1149,10 @@ def test_a_runner_stepped_alone_then_managed_starts_new_episodes_and_frees_its_o
     assert envs[0].resets == 2            # a new episode in the manager's group
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs)
+
+
+def test_a_memory_with_extra_fields_is_refused_by_a_runner_naming_them():
+    # The acting path writes no extra fields; the memory would refuse its first step.
+    mem = ReplayMemory(200, (6,), H, extra_fields={'lives': 'int8'})
+    with pytest.raises(ValueError, match=r"extra_fields \['lives'\]"):
+        EnvRunner(ScriptedEnv(0), StepPredictor(), mem, H)
