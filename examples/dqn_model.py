@@ -19,6 +19,7 @@ frames, so they are stored once). ``isOver`` is True only for a *terminated* ste
 limit (truncation) bootstraps, which matters for CartPole's 500-step cap.
 """
 
+import functools
 import gc
 import logging
 import os
@@ -443,9 +444,23 @@ def train_until_interrupted(train, *args, **kwargs):
     try:
         return train(*args, **kwargs), False
     except KeyboardInterrupt:
-        pass
-    gc.collect()   # outside the except block: the traceback no longer holds the trainer
+        hook = sys.unraisablehook
+        sys.unraisablehook = functools.partial(_quiet_half_built_bar, hook)
+    try:
+        gc.collect()   # outside the except block: the traceback no longer holds the trainer
+    finally:
+        sys.unraisablehook = hook
     return None, True
+
+
+def _quiet_half_built_bar(hook, unraisable):
+    """A Ctrl-C inside tqdm's constructor (the trainer builds a bar as each epoch starts)
+    leaves a bar whose ``__del__`` raises AttributeError when it is collected: harmless, and
+    not the user's to see. Everything else goes to ``hook``."""
+    obj = unraisable.object
+    if not (isinstance(unraisable.exc_value, AttributeError)
+            and getattr(obj, '__qualname__', '') == 'tqdm.__del__'):
+        hook(unraisable)
 
 
 class ProgressLog(Callback):

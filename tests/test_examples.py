@@ -75,8 +75,12 @@ def interrupt_example(tmp_path, script, args, marker, times=1):
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
     env.pop('TF_CPP_MIN_LOG_LEVEL', None)          # as a user runs it: the example quiets TF
     with open(tmp_path / 'stderr', 'w+') as err:
+        # A terminal's Ctrl-C: SIGINT handled by default in the child even when this run
+        # inherited it ignored (a job started in the background of a non-interactive shell
+        # is), else Python would not turn it into KeyboardInterrupt.
         proc = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, script), *map(str, args)],
-                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT)
+                                stdout=subprocess.PIPE, stderr=err, text=True, env=env, cwd=ROOT,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         out = []
         try:
             for line in proc.stdout:
