@@ -32,7 +32,7 @@ Rows (issue 10's targets in brackets):
    does not take the envs' cores.
 
 Usage: python benchmarks/bench_population.py [--rounds 3] [--seconds 2] [--rows pong-cnn ...]
-The full run takes about 5 minutes on 2 cores; exit status 0 when every target is met.
+The full run takes about 6 minutes on 2 cores; exit status 0 when every target is met.
 """
 
 import argparse
