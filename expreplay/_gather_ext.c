@@ -120,6 +120,21 @@ static void interleave_rows(uint8_t *out, const uint8_t **src, Py_ssize_t B, Py_
 #undef CASE
 }
 
+/* interleave_rows, with the GIL released only for a copy long enough to be worth it (a
+ * learner's batch, not a simulator's few states): a thread that dropped the GIL must win it
+ * back, and a busy thread keeps it for up to the switch interval (5 ms), far longer than a
+ * short copy. Called with the GIL held. */
+static void interleave_rows_gil(void *out, const uint8_t **src, Py_ssize_t B, Py_ssize_t n, int K)
+{
+    if (B * K * n >= GIL_RELEASE_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        interleave_rows((uint8_t *)out, src, B, n, K);
+        Py_END_ALLOW_THREADS
+    } else {
+        interleave_rows((uint8_t *)out, src, B, n, K);
+    }
+}
+
 PyDoc_STRVAR(interleave_doc,
 "interleave(frames, idx, out)\n\n"
 "out[b, p, j] = frames[idx[b, j]].flat[p] for 1-byte items: frames (N, ...) C-contiguous,\n"
@@ -175,16 +190,7 @@ static PyObject *interleave(PyObject *self, PyObject *args)
         src[i] = (const uint8_t *)fr.buf + s * n;
     }
 
-    /* Release the GIL only for a copy long enough to be worth it (a learner's batch, not a
-     * simulator's few states): a thread that dropped the GIL must win it back, and a busy
-     * thread keeps it for up to the switch interval (5 ms), far longer than a short copy. */
-    if (B * K * n >= GIL_RELEASE_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
-        Py_END_ALLOW_THREADS
-    } else {
-        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
-    }
+    interleave_rows_gil(out.buf, src, B, n, (int)K);
     Py_INCREF(Py_None);
     result = Py_None;
 
@@ -270,13 +276,7 @@ static PyObject *gather_states(PyObject *self, PyObject *args)
             src[r * K + k] = base + f * n;
         }
     }
-    if (B * K * n >= GIL_RELEASE_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
-        Py_END_ALLOW_THREADS
-    } else {
-        interleave_rows((uint8_t *)out.buf, src, B, n, (int)K);
-    }
+    interleave_rows_gil(out.buf, src, B, n, (int)K);
     Py_INCREF(Py_None);
     result = Py_None;
 done:
