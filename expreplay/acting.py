@@ -424,9 +424,7 @@ class ActingGroup:
         if self._pending is not None:
             raise RuntimeError("begin called twice without finish")
         members = self._all_members if members is None else np.asarray(members, np.int64)
-        if type(exploration) is float and 0.0 <= exploration <= 1.0:    # the per-step case
-            eps = exploration
-        elif isinstance(exploration, (list, tuple, np.ndarray)):
+        if isinstance(exploration, (list, tuple, np.ndarray)):
             eps = np.asarray(exploration, np.float64)
             if eps.shape != members.shape or not ((eps >= 0) & (eps <= 1)).all():
                 raise ValueError(f"exploration must be probabilities in [0, 1], one per member, "
