@@ -23,8 +23,8 @@ setup(
     install_requires=['numpy>=1.24'],
     # Optional: the channels-last gather kernel. Without a compiler the install still
     # succeeds and expreplay._gather falls back to numpy (about 4x slower for NHWC).
-    # Optional too: the common case of an acting step's store in one call (expreplay/acting.py
-    # falls back to numpy, ~3x slower per step for a few lanes).
+    # Optional too: the common case of an acting step (draws, state rows, Q-value checks, the
+    # store; expreplay/acting.py falls back to numpy, slower per step for a few lanes).
     # Optional too: the priority tree's descent and updates (expreplay/priority.py falls back
     # to numpy, a few numpy calls per tree level).
     ext_modules=[Extension('expreplay._gather_ext', ['expreplay/_gather_ext.c'], optional=True),
