@@ -74,6 +74,7 @@ from ._gather import gather_frames, gather_kernel_takes
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
+from .episodes import StoredEpisodes
 from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID  # noqa: F401
 from .priority import PriorityIndex
 from .writers import BatchWriter, LaneWriter
@@ -641,14 +642,20 @@ class ReplayMemory:
 
     # ------------------------------------------------------------------ whole episodes
     def episodes(self):
-        """Yield every complete episode still stored, oldest lanes' blocks first.
+        """The complete episodes still stored, oldest lanes' blocks first, as an iterator.
 
         An episode is complete when its first frame (from ``reset()``) and its final step
         (terminated or truncated) are both still in the memory. Each is a dict of copies:
         ``observations`` (steps + 1, *state_shape), ``actions`` int32, ``rewards`` float32,
         ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use,
         and ``extras``, the extra fields' values of each step (name -> (steps,)).
-        Episodes cut by eviction, abandoned, or still running are skipped.
+
+        Writers may run meanwhile: the episodes' first frames are listed when this is called,
+        and each episode is read later under the memory's lock, whole, as a sample is. One
+        whose first frame was evicted in between (its slots may hold another episode by then)
+        is skipped, never read in part. The returned :class:`~expreplay.episodes.StoredEpisodes`
+        counts what it skipped: ``evicted`` (evicted while the iteration went on) and
+        ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
         with self._lock:
             order = list(self._retired) + list(np.flatnonzero(self._block_state == _ACTIVE))
@@ -656,21 +663,26 @@ class ReplayMemory:
             for block in order:
                 lo = block * self.block_size
                 fill = int(self._block_fill[block])
-                starts.extend(lo + np.flatnonzero(self._epstep[lo:lo + fill] == 0))
-        for start in starts:
+                gen = int(self._block_gen[block])     # a reuse of the block changes it
+                starts.extend((int(s), gen) for s in
+                              lo + np.flatnonzero(self._epstep[lo:lo + fill] == 0))
+
+        def read(start, gen):
             with self._lock:
-                slots = self._episode_slots(int(start))
+                if self._block_gen[start // self.block_size] != gen:
+                    return StoredEpisodes.EVICTED
+                slots = self._episode_slots(start)
                 if slots is None:
-                    continue
+                    return StoredEpisodes.INCOMPLETE
                 steps = slots[:-1]
-                episode = dict(
+                return dict(
                     observations=self._frames[slots].copy(),
                     actions=self._action[steps].copy(),
                     rewards=self._reward[steps].copy(),
                     terminations=(self._flags[steps] & _TERMINATED) != 0,
                     truncations=(self._flags[steps] & _TRUNCATED) != 0,
                     extras={name: arr[steps] for name, arr in self._extras.items()})
-            yield episode
+        return StoredEpisodes(starts, read)
 
     def _episode_slots(self, start):
         """Slots of the episode whose first frame is ``start``, or None if it is incomplete."""
