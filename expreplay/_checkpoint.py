@@ -533,7 +533,10 @@ def validate(mem, fail, chunk=1 << 18):
       was taken from it (so no window runs past an episode's end);
     - a VALID slot's history frames are stored and consecutive steps of its episode;
     - rewards are finite (a NaN or inf reward would poison every n-step sum it enters), and so
-      are the values of float extra fields (the writers refuse both).
+      are the values of float extra fields (the writers refuse both);
+    - a prioritized memory's tree holds exactly the VALID slots, with finite values within the
+      bound that keeps its sums finite (:meth:`expreplay.priority.PriorityIndex.check_priorities`),
+      and so is its running maximum priority.
     """
     nb, bs, hl = mem.num_blocks, mem.block_size, mem.history_len
     fill, prev, nxt = mem._block_fill, mem._block_prev, mem._block_next
@@ -603,6 +606,10 @@ def validate(mem, fail, chunk=1 << 18):
         leaves = mem._priorities.tree.leaves
         if not np.isfinite(leaves).all() or (leaves < 0).any():
             fail("inconsistent: priorities that are negative or not finite")
+        if leaves.max(initial=0.0) > mem._priorities.max_value \
+                or mem._priorities.max_priority > mem._priorities.priority_bound:
+            fail(f"inconsistent: priorities above the bound that keeps the priority tree's sums "
+                 f"finite (tree values <= {mem._priorities.max_value:.4g})")
         if ((leaves > 0) != ((flags & _mem._VALID) != 0)).any():
             fail("inconsistent: the priority table disagrees with the valid slots")
 

@@ -152,7 +152,7 @@ class ReplayMemory:
             feeds new priorities back with :meth:`update_priorities`.
         alpha (float): priority exponent in [0, 1] (0: uniform).
         priority_eps (float): added to every priority (> 0), so that every transition keeps a
-            chance of being drawn. (:meth:`sample_batch` always draws uniformly.)
+            chance of being drawn; at most the bound of :meth:`update_priorities`' priorities. (:meth:`sample_batch` always draws uniformly.)
         extra_fields (dict, optional): extra per-step fields, name -> dtype (bool, integer or
             float), e.g. ``{'lives': 'int8', 'segment': 'int32'}``: one scalar per step, given
             with the step (``add_step(..., extras={...})``, a batch writer's ``extras=``),
@@ -490,8 +490,10 @@ class ReplayMemory:
 
         Raises:
             ValueError: the memory is not prioritized, the arrays differ in length, an index is
-                not one this memory handed out, or a priority is negative or not finite. Nothing
-                is changed then.
+                not one this memory handed out, or a priority is negative, not finite, or
+                above the bound that keeps the priority tree's sums finite
+                (:meth:`~expreplay.priority.PriorityIndex.check_priorities`: about
+                ``(1.8e308 / (2 * slots)) ** (1 / alpha)``). Nothing is changed then.
         """
         if self._priorities is None:
             raise ValueError("update_priorities needs a prioritized memory "
@@ -507,6 +509,7 @@ class ReplayMemory:
         # min >= 0 is False for NaN too; max finite rules out +inf.
         if priorities.size and not (priorities.min() >= 0 and math.isfinite(priorities.max())):
             raise ValueError("priorities must be finite and >= 0")
+        self._priorities.check_priorities(priorities)    # the bound that keeps the tree finite
         indices = indices.astype(np.int64)
         if indices.size and indices.min() < 0:
             raise ValueError("indices must come from sample(): negative index")
