@@ -60,7 +60,7 @@ except ImportError:      # not on Windows: liveness of a temporary file falls ba
     fcntl = None
 
 from . import memory as _mem   # its slot flags and block states (read at call time: a cycle)
-from ._checks import check_dtype, check_int, check_real, check_shape
+from ._checks import check_dtype, check_int, check_real, check_shape, format_bytes  # noqa: F401
 from ._inputs import check_extra_fields
 
 logger = logging.getLogger('expreplay.memory')
@@ -176,14 +176,6 @@ def remove_dead_temps(path):
         logger.warning("Removed %s (%s), left behind by a save of %s that did not finish.",
                        tmp, format_bytes(size), path)
     return removed
-
-
-def format_bytes(n):
-    for unit in ('B', 'KB', 'MB', 'GB'):
-        if n < 1024 or unit == 'GB':
-            return f"{n:.0f} {unit}" if unit == 'B' else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TB"  # pragma: no cover
 
 
 # ------------------------------------------------------------------------------ writing

@@ -65,8 +65,8 @@ import numpy as np
 
 from . import _checkpoint
 from ._checkpoint import CheckpointError
-from ._checks import (check_bool, check_choice, check_dtype, check_int, check_probability,
-                      check_real, check_rng, check_shape)
+from ._checks import (check_allocatable, check_bool, check_choice, check_dtype, check_int,
+                      check_probability, check_real, check_rng, check_shape)
 from . import _gather
 from ._gather import gather_frames, gather_kernel_takes
 # The input rules and the writers live in their own modules; their names stay importable from
@@ -208,6 +208,12 @@ class ReplayMemory:
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots
         self._frame_bytes = int(np.prod(self.state_shape)) * self.dtype.itemsize
+        per_step = (self._frame_bytes + 13 + sum(d.itemsize for d in extra_fields.values())
+                    + (17 if prioritized else 0))     # the class docstring's memory use
+        check_allocatable(
+            (self.num_slots + 1) * per_step,
+            f"ReplayMemory(max_size={self.max_size}) of {self.state_shape} {self.dtype} frames",
+            f"each step takes {per_step} bytes: choose a smaller max_size")
 
         # np.zeros of a large array maps zero pages lazily: nothing is touched up front.
         self._frames = np.zeros((self.num_slots + 1,) + self.state_shape, self.dtype)
