@@ -4,6 +4,7 @@ skipped and counted."""
 import threading
 
 import numpy as np
+import pytest
 
 from expreplay import ReplayMemory
 from scripted_env import ScriptedEnv, decode
@@ -113,3 +114,44 @@ def test_episodes_of_an_idle_memory_skip_nothing_but_the_running_and_cut_ones():
         check_whole(episode, writers.envs)
     assert episodes.evicted == 0 and episodes.yielded == len(got) > 100
     assert episodes.incomplete <= 3 + 3    # each lane's abandoned last game, its cut oldest one
+
+
+def play(mem, env, steps, rng):
+    """``steps`` steps of a scripted env into a new lane of ``mem`` (from this thread)."""
+    writer = mem.new_writer()
+    obs, _ = env.reset()
+    writer.start_episode(obs)
+    for _ in range(steps):
+        action = int(rng.integers(4))
+        obs, reward, terminated, truncated, _ = env.step(action)
+        writer.add_step(action, reward, obs, terminated, truncated)
+        if terminated or truncated:
+            obs, _ = env.reset()
+            writer.start_episode(obs)
+    writer.close()
+
+
+def test_export_minari_leaves_out_and_reports_the_episodes_evicted_under_it(
+        tmp_path, monkeypatch, caplog):
+    pytest.importorskip("minari")
+    gym = pytest.importorskip('gymnasium')
+    from expreplay.minari_io import export_minari
+    monkeypatch.setenv('MINARI_DATASETS_PATH', str(tmp_path / 'minari'))
+    rng = np.random.default_rng(0)
+    mem = ReplayMemory(1000, (6,), 4, 'uint8', block_size=50)
+    envs = [ScriptedEnv(0, episode_lengths=(7, 23, 4), num_actions=4),
+            ScriptedEnv(1, episode_lengths=(11, 5), num_actions=4)]
+    play(mem, envs[0], 1500, rng)
+    episodes = mem.episodes()          # the episodes are listed now...
+    play(mem, envs[1], 600, rng)       # ...and writers evict the oldest 600 steps before the read
+    monkeypatch.setattr(mem, 'episodes', lambda: episodes)
+    with caplog.at_level('WARNING', logger='expreplay.minari_io'):
+        dataset = export_minari(mem, 'test/evicted-v0', action_space=gym.spaces.Discrete(4))
+    assert episodes.evicted > 10 and episodes.yielded > 10
+    [warning] = [r.getMessage() for r in caplog.records if 'evicted' in r.getMessage()]
+    assert f'{episodes.evicted} of the memory' in warning and f'({episodes.yielded} are)' in warning
+    exported = list(dataset.iterate_episodes())
+    assert len(exported) == episodes.yielded
+    for ep in exported:
+        check_whole(dict(observations=ep.observations, actions=ep.actions, rewards=ep.rewards,
+                         terminations=ep.terminations, truncations=ep.truncations), envs)
