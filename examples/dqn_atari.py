@@ -310,6 +310,9 @@ def resume_point(args):
     """
     checkpoint = tf.train.latest_checkpoint(args.logdir)
     last_epoch = JSONWriter.load_existing_epoch_number()
+    if last_epoch is not None:
+        logger.info(f"--resume: stats.json records epoch {last_epoch}. "
+                    f"Setting starting_epoch to {last_epoch + 1}.")
     session_init = SmartInit(checkpoint) if checkpoint else (SmartInit(args.load) if args.load else None)
     return session_init, (last_epoch or 0) + 1, checkpoint
 
@@ -319,20 +322,23 @@ class ResumeReport(Callback):
     and what it could not. Placed after the schedule setters (callbacks run in order)."""
 
     def __init__(self, replay, checkpoint, starting_epoch, args):
-        self.replay, self.checkpoint, self.starting_epoch, self.args = replay, checkpoint, starting_epoch, args
+        self.replay, self.checkpoint, self.starting_epoch = replay, checkpoint, starting_epoch
+        self.args = args
 
     def _before_train(self):
         parts = []
         if self.checkpoint:
             parts.append(f"the network and global step {self.global_step} from "
-                         f"{os.path.basename(self.checkpoint)}, so epsilon {self.replay.exploration:.3f} "
-                         f"(the exploration schedule at step {self.global_step})")
+                         f"{os.path.basename(self.checkpoint)}, so epsilon "
+                         f"{self.replay.exploration:.3f} (the exploration schedule at step "
+                         f"{self.global_step})")
         else:
             parts.append("no model checkpoint: the network, the global step and the exploration "
-                         "schedule start from scratch" + (f" (the network from --load {self.args.load})"
-                                                          if self.args.load else ""))
+                         "schedule start from scratch"
+                         + (f" (the network from --load {self.args.load})" if self.args.load else ""))
         parts.append(f"epoch {self.starting_epoch} next" + (
-            "" if self.starting_epoch > 1 else " (no epoch had finished: epoch 1 again, its step count continuing)"))
+            "" if self.starting_epoch > 1
+            else " (no epoch had finished: epoch 1 again, its step count continuing)"))
         stream = self.replay.stream
         if stream.resumed:
             parts.append(f"the replay memory: {len(stream.memory)} transitions from "

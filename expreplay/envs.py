@@ -265,7 +265,8 @@ class SingleEnvAdapter(EnvAdapter):
                 truncated = _flag(truncated, f"player {_describe(self.player)}: step()'s truncated")
         else:
             obs, reward, done, info = result
-            done = done if type(done) is bool else _flag(done, f"player {_describe(self.player)}: step()'s done")
+            if type(done) is not bool:
+                done = _flag(done, f"player {_describe(self.player)}: step()'s done")
             # Old gym's TimeLimit marks a time-limit end in info; such an end bootstraps.
             truncated = done and bool(isinstance(info, dict) and info.get('TimeLimit.truncated', False))
             terminated = done and not truncated

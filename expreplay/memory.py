@@ -152,7 +152,8 @@ class ReplayMemory:
             feeds new priorities back with :meth:`update_priorities`.
         alpha (float): priority exponent in [0, 1] (0: uniform).
         priority_eps (float): added to every priority (> 0), so that every transition keeps a
-            chance of being drawn; at most the bound of :meth:`update_priorities`' priorities. (:meth:`sample_batch` always draws uniformly.)
+            chance of being drawn; at most the bound of :meth:`update_priorities`' priorities.
+            (:meth:`sample_batch` always draws uniformly.)
         extra_fields (dict, optional): extra per-step fields, name -> dtype (bool, integer or
             float), e.g. ``{'lives': 'int8', 'segment': 'int32'}``: one scalar per step, given
             with the step (``add_step(..., extras={...})``, a batch writer's ``extras=``),
