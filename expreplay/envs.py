@@ -35,6 +35,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ._checks import check_bool
 from ._gather import gather_history
 from .memory import as_frame, check_frames, check_reward, check_rewards
 
@@ -83,19 +84,14 @@ def _started_results(env_ids, obs, lives):
 def _flag(value, name):
     """One flag an env returned (``terminated``, ``truncated``, ``done``) as a bool.
 
-    The rule: a flag is a bool, a numpy bool, or the integer 0 or 1 (what C-backed envs return);
+    The rule (:func:`~expreplay._checks.check_bool`'s, the writers' too): a flag is a bool, a
+    numpy bool (also as a 0-d array), or the integer 0 or 1 (what C-backed envs return);
     anything else is refused naming the flag, since ``bool()`` would read the string
     ``'False'`` as True and a float or an array by rules that are not the env's.
     """
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
     if isinstance(value, np.ndarray) and value.shape == ():
         value = value[()]
-    if isinstance(value, (bool, np.bool_)) or (
-            isinstance(value, (int, np.integer)) and value in (0, 1)):
-        return bool(value)
-    raise TypeError(f"{name} must be a bool (or numpy bool, or the integer 0 or 1), got "
-                    f"{value!r} ({type(value).__name__})")
+    return check_bool(value, name)
 
 
 def _flags(values, n, name):
