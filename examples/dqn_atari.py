@@ -28,7 +28,11 @@ write to TensorBoard events and ``stats.json`` in the log directory) the trainin
 (``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
 predicted Q; every ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``.
 ``tensorboard --logdir train_log`` shows the curves. Ctrl-C stops the training cleanly (the
-environments are closed, the replay memory is saved) and says what is saved where.
+environments are closed, the model and the replay memory are saved) and says what is saved
+where; ``--resume`` continues that run (network, global step and so the exploration schedule,
+replay memory, epoch count) and says what it restored. A log directory that holds a previous
+run is never deleted: a run without ``--resume`` refuses it (``--logdir`` elsewhere, or
+``--overwrite`` to delete it).
 
 Speed, measured with the README's quick-start command (3 players, ``--memory-size 200000``):
 on the 2-core CPU machines this was developed on, the 10k-step initial fill takes 10-15 s and
@@ -57,10 +61,11 @@ from atari_wrappers import FRAME_SHAPE, make_env, make_envpool, make_vector_env 
 import gymnasium as gym  # noqa: E402
 from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, ProgressLog,  # noqa: E402
                        evaluate, play_episode, tf, train_until_interrupted)
-from tensorpack import (AutoResumeTrainConfig, Callback, ModelSaver, ObjAttrParam,  # noqa: E402
+from tensorpack import (Callback, ModelSaver, ObjAttrParam,  # noqa: E402
                         OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
                         ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
                         launch_train_with_config, logger)
+from tensorpack.callbacks import JSONWriter  # noqa: E402
 
 import expreplay  # noqa: E402
 
@@ -76,8 +81,11 @@ def parse_args(argv=None):
     p.add_argument('--load', help='model checkpoint to start from (train) or to use (eval, play)')
     p.add_argument('--logdir', help='default: train_log/dqn-<game>')
     p.add_argument('--resume', action='store_true',
-                   help='continue the run in --logdir: latest model checkpoint, saved replay memory, '
-                        'and the exploration/learning-rate schedules at the saved global step')
+                   help='continue the run in --logdir: latest model checkpoint (network, global step, '
+                        'hence the exploration schedule), saved replay memory, epoch count')
+    p.add_argument('--overwrite', action='store_true',
+                   help='delete what --logdir holds and start a new run there (without it, a '
+                        'directory that holds a previous run is refused)')
     p.add_argument('--seed', type=int, default=0)
     # The replay memory.
     p.add_argument('--memory-size', type=int, default=1_000_000,
@@ -137,6 +145,8 @@ def parse_args(argv=None):
     p.add_argument('--output', help='play: the video (.mp4/.avi) or directory of PNG frames to write')
     p.add_argument('--play-episodes', type=int, default=1)
     args = p.parse_args(argv)
+    if args.resume and args.overwrite:
+        p.error('--resume continues the run in --logdir, --overwrite deletes it: give one of them')
     game = args.env.split('/')[-1].split('-')[0].lower()
     args.logdir = args.logdir or os.path.join('train_log', f'dqn-{game}')
     if args.lr is None:
@@ -244,8 +254,102 @@ def training_players(args):
     return make_player, uf
 
 
+def previous_run(logdir):
+    """What ``logdir`` holds of a previous run, as phrases (empty: nothing, or no directory)."""
+    if not os.path.isdir(logdir):
+        return []
+    names = os.listdir(logdir)
+    held = [what for what, name in (('a model checkpoint', 'checkpoint'),
+                                    ('a replay memory', 'replay_memory.npz')) if name in names]
+    others = len(names) - len(held)
+    if others:
+        held.append(f"{others} other file{'s' if others > 1 else ''}")
+    return held
+
+
+def prepare_logdir(args):
+    """Open the log directory without ever losing a previous run in it.
+
+    A directory that holds anything is a previous run: ``--resume`` continues it, ``--overwrite``
+    deletes it (and says so); without either the run is refused, saying how to go on. A
+    ``--resume`` of a directory without a model checkpoint or a replay memory is refused too
+    (a mistyped path would otherwise train from scratch under the name of a resume).
+    """
+    held = previous_run(args.logdir)
+    if args.resume:
+        if not any(what in held for what in ('a model checkpoint', 'a replay memory')):
+            raise SystemExit(f"--resume: {args.logdir} holds no model checkpoint and no replay "
+                             "memory, there is nothing to resume (give the run's --logdir)")
+    elif held and not args.overwrite:
+        raise SystemExit(f"{args.logdir} holds a previous run ({', '.join(held)}); nothing was "
+                         "changed. Continue it with --resume, start a new run elsewhere with "
+                         "--logdir DIR, or delete it and start again there with --overwrite.")
+    elif held:
+        logger.warning(f"--overwrite: deleting the previous run in {args.logdir} ({', '.join(held)}).")
+    logger.set_logger_dir(args.logdir, action='d' if held and args.overwrite else 'k')
+
+
+class SaveModelAtExit(ModelSaver):
+    """tensorpack's ModelSaver (every epoch), and once more when training ends, also by Ctrl-C:
+    the trainer runs every callback's ``after_train`` then, so the network, the global step and
+    with it the exploration schedule's position are saved beside the replay memory."""
+
+    def _after_train(self):
+        self._trigger()
+
+
+def resume_point(args):
+    """``(session_init, starting_epoch, checkpoint or None)`` for ``--resume``.
+
+    The latest model checkpoint restores the network, the optimizer, the target network and the
+    global step; the exploration schedule counts global steps, so it continues where it was.
+    The epoch count comes from ``stats.json``, written at each epoch's end: a run stopped
+    before its first epoch ended starts epoch 1 again, its step count continuing.
+    (tensorpack's AutoResumeTrainConfig asserts that both files exist, which a Ctrl-C in the
+    first epoch does not leave.)
+    """
+    checkpoint = tf.train.latest_checkpoint(args.logdir)
+    last_epoch = JSONWriter.load_existing_epoch_number()
+    if last_epoch is not None:
+        logger.info(f"--resume: stats.json records epoch {last_epoch}. "
+                    f"Setting starting_epoch to {last_epoch + 1}.")
+    session_init = SmartInit(checkpoint) if checkpoint else (SmartInit(args.load) if args.load else None)
+    return session_init, (last_epoch or 0) + 1, checkpoint
+
+
+class ResumeReport(Callback):
+    """Says, once the session is restored and the schedules are set, what ``--resume`` restored
+    and what it could not. Placed after the schedule setters (callbacks run in order)."""
+
+    def __init__(self, replay, checkpoint, starting_epoch, args):
+        self.replay, self.checkpoint, self.starting_epoch = replay, checkpoint, starting_epoch
+        self.args = args
+
+    def _before_train(self):
+        parts = []
+        if self.checkpoint:
+            parts.append(f"the network and global step {self.global_step} from "
+                         f"{os.path.basename(self.checkpoint)}, so epsilon "
+                         f"{self.replay.exploration:.3f} (the exploration schedule at step "
+                         f"{self.global_step})")
+        else:
+            parts.append("no model checkpoint: the network, the global step and the exploration "
+                         "schedule start from scratch"
+                         + (f" (the network from --load {self.args.load})" if self.args.load else ""))
+        parts.append(f"epoch {self.starting_epoch} next" + (
+            "" if self.starting_epoch > 1
+            else " (no epoch had finished: epoch 1 again, its step count continuing)"))
+        stream = self.replay.stream
+        if stream.resumed:
+            parts.append(f"the replay memory: {len(stream.memory)} transitions from "
+                         f"{os.path.basename(stream.checkpoint.path)}")
+        else:
+            parts.append("no replay memory saved: it was filled again")
+        logger.info(f"Resumed {self.args.logdir}: " + "; ".join(parts) + ".")
+
+
 def train(args, num_actions):
-    logger.set_logger_dir(args.logdir, action='k' if args.resume else 'd')
+    prepare_logdir(args)
     tf.set_random_seed(args.seed)
     uf = args.update_frequency
     player, requests_per_batch = training_players(args)
@@ -278,7 +382,7 @@ def train(args, num_actions):
     )
     callbacks = [
         ProgressLog(replay, every=30, first=15),   # the epoch's monitors are minutes away
-        ModelSaver(),   # every epoch, into logdir; --resume and --load read it
+        SaveModelAtExit(),   # every epoch and at the end (Ctrl-C too); --resume and --load read it
         PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=True),
                         every_k_steps=args.target_update),
         replay,
@@ -289,19 +393,22 @@ def train(args, num_actions):
             [(0, 1.0), (args.exploration_steps // uf, 0.1), (40 * args.exploration_steps // uf, 0.01)],
             interp='linear', step_based=True),
     ]
+    session_init, starting_epoch = (SmartInit(args.load) if args.load else None), 1
+    if args.resume:
+        # The memory came back above (ExpReplay loads the checkpoint_dir's memory).
+        session_init, starting_epoch, checkpoint = resume_point(args)
+        callbacks.append(ResumeReport(replay, checkpoint, starting_epoch, args))
     if args.prioritized:
         callbacks.append(PriorityFeedback(replay))
     if args.eval_every:
         callbacks.append(PeriodicTrigger(Evaluator(args), every_k_epochs=args.eval_every))
-    # AutoResumeTrainConfig loads the latest checkpoint of the log directory and continues the
-    # epoch count (hence the schedules) from its stats.json; the memory came back above.
-    config_class = AutoResumeTrainConfig if args.resume else TrainConfig
-    config = config_class(
+    config = TrainConfig(
         model=build_model(args, num_actions),
         # QueueInput as the reference: sampling batches overlaps with training.
         data=QueueInput(replay),
         callbacks=callbacks,
-        session_init=SmartInit(args.load) if args.load and not args.resume else None,
+        session_init=session_init,
+        starting_epoch=starting_epoch,
         steps_per_epoch=args.steps_per_epoch,
         max_epoch=args.max_epoch,
     )

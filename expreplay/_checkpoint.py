@@ -60,7 +60,7 @@ except ImportError:      # not on Windows: liveness of a temporary file falls ba
     fcntl = None
 
 from . import memory as _mem   # its slot flags and block states (read at call time: a cycle)
-from ._checks import check_dtype, check_int, check_real, check_shape
+from ._checks import check_dtype, check_int, check_real, check_shape, format_bytes  # noqa: F401
 from ._inputs import check_extra_fields
 
 logger = logging.getLogger('expreplay.memory')
@@ -176,14 +176,6 @@ def remove_dead_temps(path):
         logger.warning("Removed %s (%s), left behind by a save of %s that did not finish.",
                        tmp, format_bytes(size), path)
     return removed
-
-
-def format_bytes(n):
-    for unit in ('B', 'KB', 'MB', 'GB'):
-        if n < 1024 or unit == 'GB':
-            return f"{n:.0f} {unit}" if unit == 'B' else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TB"  # pragma: no cover
 
 
 # ------------------------------------------------------------------------------ writing
@@ -520,9 +512,23 @@ def _read_settings(meta):
 def validate(mem, fail, chunk=1 << 18):
     """Check the loaded tables against the memory's invariants (memory.py, I1-I6).
 
-    Calls ``fail(problem)`` (which raises) at the first violation. Checks the direction that
-    matters for sampling: every slot marked VALID must be a transition whose frames are all
-    stored, consecutive in one episode, as sampling assumes.
+    Calls ``fail(problem)`` (which raises) at the first violation. What a file may contain is
+    what sampling relies on, for every written slot, not only the VALID ones:
+
+    - flags are only the known bits; an episode end (TERMINATED / TRUNCATED) is a step, so it
+      is only set with HAS_ACTION; a VALID slot has HAS_ACTION;
+    - a slot with HAS_ACTION (an n-step window walks on from any such slot, VALID or not) has
+      its next frame stored and written: the next slot of its block, or the first of the
+      block its ``block_next`` names, which links back; that frame is the next step of the
+      same episode (``epstep + 1``);
+    - the frame after a step that ended its episode is the episode's final frame: no action
+      was taken from it (so no window runs past an episode's end);
+    - a VALID slot's history frames are stored and consecutive steps of its episode;
+    - rewards are finite (a NaN or inf reward would poison every n-step sum it enters), and so
+      are the values of float extra fields (the writers refuse both);
+    - a prioritized memory's tree holds exactly the VALID slots, with finite values within the
+      bound that keeps its sums finite (:meth:`expreplay.priority.PriorityIndex.check_priorities`),
+      and so is its running maximum priority.
     """
     nb, bs, hl = mem.num_blocks, mem.block_size, mem.history_len
     fill, prev, nxt = mem._block_fill, mem._block_prev, mem._block_next
@@ -572,11 +578,19 @@ def validate(mem, fail, chunk=1 << 18):
     if (epstep[written] < 0).any():
         fail("inconsistent: negative episode step")
     valid_flags = (w_flags & _mem._VALID) != 0
-    if (valid_flags & ((w_flags & _mem._HAS_ACTION) == 0)).any():
+    acted = (w_flags & _mem._HAS_ACTION) != 0
+    if (valid_flags & ~acted).any():
         fail("inconsistent: a slot is marked valid but no action was taken from it")
+    if (((w_flags & (_mem._TERMINATED | _mem._TRUNCATED)) != 0) & ~acted).any():
+        fail("inconsistent: a slot is marked as an episode's end but no action was taken from it")
     count = int(np.count_nonzero(valid_flags))
     if count != mem._num_valid:
         fail(f"inconsistent: {count} slots are marked valid, the metadata says {mem._num_valid}")
+    if not np.isfinite(mem._reward[:mem.num_slots][written]).all():
+        fail("inconsistent: a reward that is NaN or infinite")
+    for name, arr in mem._extras.items():
+        if arr.dtype.kind == 'f' and not np.isfinite(arr[written]).all():
+            fail(f"inconsistent: extra field {name!r} holds a NaN or infinite value")
 
     if mem._priorities is not None:
         # Exactly the valid slots are in the tree (written slots only were loaded; the
@@ -584,24 +598,18 @@ def validate(mem, fail, chunk=1 << 18):
         leaves = mem._priorities.tree.leaves
         if not np.isfinite(leaves).all() or (leaves < 0).any():
             fail("inconsistent: priorities that are negative or not finite")
+        if leaves.max(initial=0.0) > mem._priorities.max_value \
+                or mem._priorities.max_priority > mem._priorities.priority_bound:
+            fail(f"inconsistent: priorities above the bound that keeps the priority tree's sums "
+                 f"finite (tree values <= {mem._priorities.max_value:.4g})")
         if ((leaves > 0) != ((flags & _mem._VALID) != 0)).any():
             fail("inconsistent: the priority table disagrees with the valid slots")
 
+    _validate_steps(mem, fail, chunk)
     valid = np.flatnonzero(flags & _mem._VALID)
     for lo in range(0, len(valid), chunk):
         slots = valid[lo:lo + chunk]
         block, offset = np.divmod(slots, bs)
-        # The next frame: the next slot of the block, or the first of the next block (I4).
-        last = offset + 1 == bs
-        nblock = np.where(last, nxt[block], block)
-        if (nblock < 0).any() or (last & (prev[np.maximum(nblock, 0)] != block)).any():
-            fail("inconsistent: a valid slot's next frame is not stored (no next block)")
-        noff = np.where(last, 0, offset + 1)
-        if (noff >= fill[nblock]).any():
-            fail("inconsistent: a valid slot's next frame is not written")
-        nslot = nblock * bs + noff
-        if (epstep[nslot] != epstep[slots] + 1).any():
-            fail("inconsistent: a valid slot's next frame is not the next step of its episode")
         # The history: within the block, or in the intact previous block (I4, I5).
         reach = np.minimum(epstep[slots], hl - 1)
         needs_prev = reach > offset
@@ -615,3 +623,30 @@ def validate(mem, fail, chunk=1 << 18):
         if (real & (got != want)).any():
             fail("inconsistent: a valid slot's history frames are not consecutive steps of "
                  "its episode")
+
+
+def _validate_steps(mem, fail, chunk):
+    """Every slot with an action leads to the next frame of its episode (see :func:`validate`)."""
+    bs, fill, prev, nxt = mem.block_size, mem._block_fill, mem._block_prev, mem._block_next
+    flags, epstep = mem._flags[:mem.num_slots], mem._epstep
+    acted = np.flatnonzero(flags & _mem._HAS_ACTION)     # only written slots have flags (checked)
+    for lo in range(0, len(acted), chunk):
+        slots = acted[lo:lo + chunk]
+
+        def check(bad, problem):
+            if bad.any():
+                who = "valid slot's" if (flags[slots[bad]] & _mem._VALID).any() else "step's"
+                fail(f"inconsistent: a {who} {problem}")
+        block, offset = np.divmod(slots, bs)
+        # The next frame: the next slot of the block, or the first of the next block (I4).
+        last = offset + 1 == bs
+        nblock = np.where(last, nxt[block], block)
+        check((nblock < 0) | (last & (prev[np.maximum(nblock, 0)] != block)),
+              "next frame is not stored (no next block)")
+        noff = np.where(last, 0, offset + 1)
+        check(noff >= fill[nblock], "next frame is not written")
+        nslot = nblock * bs + noff
+        check(epstep[nslot] != epstep[slots] + 1, "next frame is not the next step of its episode")
+        ended = (flags[slots] & (_mem._TERMINATED | _mem._TRUNCATED)) != 0
+        check(ended & ((flags[nslot] & _mem._HAS_ACTION) != 0),
+              "step ended its episode, but an action was taken from the episode's final frame")

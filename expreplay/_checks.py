@@ -11,7 +11,8 @@ import numbers
 import numpy as np
 
 __all__ = ['check_int', 'check_probability', 'check_timeout', 'check_real', 'check_bool',
-           'check_callable', 'check_shape', 'check_dtype', 'check_seed', 'check_rng', 'check_choice']
+           'check_callable', 'check_shape', 'check_dtype', 'check_seed', 'check_rng', 'check_choice',
+           'check_allocatable', 'format_bytes']
 
 
 def check_int(value, name, minimum=None, maximum=None, *, allow_float=False):
@@ -146,3 +147,27 @@ def check_choice(value, name, choices):
     if isinstance(value, str) and value in choices:
         return value
     raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def format_bytes(n):
+    """``n`` bytes for a message: ``'512 B'``, ``'1.50 MB'``, ..., ``'3.20 TB'``."""
+    for unit in ('B', 'KB', 'MB', 'GB', 'TB'):
+        if n < 1024 or unit == 'TB':
+            return f"{n:.0f} {unit}" if unit == 'B' else f"{n:.2f} {unit}"
+        n /= 1024
+
+
+def check_allocatable(nbytes, what, advice):
+    """Refuse, before anything is allocated, a size this machine can not allocate.
+
+    numpy's own MemoryError says neither how much was asked nor why; this one says that
+    ``what`` needs ``nbytes`` and gives ``advice``. The probe is one ``numpy.empty`` of
+    ``nbytes``, freed at once: it reserves address space and touches no page (as the
+    allocation it stands for, lazily mapped zeros), so it costs microseconds whatever the size.
+    """
+    try:
+        probe = np.empty(int(nbytes), np.uint8)
+    except (MemoryError, ValueError) as err:      # ValueError: beyond numpy's maximum size
+        raise MemoryError(f"{what} needs about {format_bytes(nbytes)}, more than this machine "
+                          f"can allocate; {advice}") from err
+    del probe

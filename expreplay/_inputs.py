@@ -28,6 +28,12 @@ def _reward_error(name, value):
             f"stored as float32), got {value!r}")
 
 
+def _inexact_reward_error(name, value):
+    return (f"{name} is the integer {value}, which float32 (the rewards' storage) can not hold "
+            f"exactly: it would be stored as {int(np.float32(value))}; integer rewards must be "
+            f"exact in float32 (any up to 2**24 = 16777216 in magnitude is)")
+
+
 def check_action(action, name='action'):
     """One action as an int (the rule of :func:`check_actions`, for one value)."""
     if isinstance(action, np.ndarray) and action.ndim == 0:
@@ -47,15 +53,29 @@ def check_reward(reward, name='reward'):
     value = float(reward)
     if not -_FLOAT32_MAX <= value <= _FLOAT32_MAX:   # NaN fails both comparisons
         raise ValueError(_reward_error(name, value))
+    if isinstance(reward, numbers.Integral) and int(np.float32(value)) != int(reward):
+        raise ValueError(_inexact_reward_error(name, int(reward)))
     return value
 
 
 def check_rewards(rewards, name='rewards'):
     """``rewards`` (any shape) as float32, refusing non-numbers, NaN, inf and values beyond
-    float32's range (which it would store as inf)."""
+    float32's range (which it would store as inf).
+
+    The rule for integer rewards (an env's score change, e.g. ALE's): accepted when float32
+    holds them exactly, refused otherwise (16777217 would be stored as 16777216), as integer
+    frames are in a float memory. Float rewards are rounded to float32: that is what a float
+    reward is stored as.
+    """
     arr = np.asarray(rewards)
     if arr.dtype.kind not in 'iuf':
         raise TypeError(f"{name} must be real numbers, got dtype {arr.dtype}")
+    if arr.dtype.kind in 'iu':
+        problem = _unstorable(arr, np.dtype(np.float32))
+        if problem is not None:
+            index = np.unravel_index(problem[0], arr.shape)
+            raise ValueError(_inexact_reward_error(f"{name}[{', '.join(map(str, index))}]",
+                                                   int(arr[index])))
     if arr.dtype.kind == 'f':
         with np.errstate(invalid='ignore'):
             bad = ~(np.abs(arr) <= _FLOAT32_MAX)

@@ -158,7 +158,8 @@ class EnvRunner:
                              f"history_len={memory.history_len}")
         self.predictor = check_callable(predictor, 'predictor', allow_none=True)
         self.index = check_int(index, 'index', 0)
-        self._seed = None if seed is None else check_int(seed, 'seed')
+        # Envs take non-negative seeds (gymnasium refuses others at the first reset).
+        self._seed = None if seed is None else check_int(seed, 'seed', 0)
         self.life_loss_terminal = check_bool(life_loss_terminal, 'life_loss_terminal')
         if episode_starts is not None and not callable(getattr(episode_starts, 'start', None)):
             raise TypeError(f"episode_starts must have a start(runner_index, env_index, "
@@ -324,6 +325,10 @@ class ActingGroup:
     Failures of single runners are returned by :meth:`finish` (their runners need a reset;
     the other members' steps are stored); the predictor's are raised. Use from one thread.
     """
+
+    # (what, runner) of the env call running now through _env_call (a reset, restore...), else
+    # None: what a manager's watchdog names when the call hangs.
+    current_call = None
 
     def __init__(self, runners):
         runners = list(runners)
@@ -776,10 +781,13 @@ class ActingGroup:
         failures.append((runner, err))
 
     def _env_call(self, runner, what, fn, *args):
+        self.current_call = (what, runner)
         try:
             return fn(*args)
         except Exception as err:
             raise self._env_error(runner, what, err) from err
+        finally:
+            self.current_call = None
 
     def _plan(self, runner, env_index, lane):
         """Ask the scheduler how to start sub-env ``env_index``'s next game."""

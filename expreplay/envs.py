@@ -35,8 +35,9 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from ._checks import check_bool
 from ._gather import gather_history
-from .memory import as_frame, check_frames
+from .memory import as_frame, check_frames, check_reward, check_rewards
 
 try:  # optional, built by setup.py when a C compiler is available
     from . import _acting_ext
@@ -78,6 +79,47 @@ def _started_results(env_ids, obs, lives):
     n = len(env_ids)
     return Results(np.asarray(env_ids, np.int64), obs, np.zeros(n), np.zeros(n, bool),
                    np.zeros(n, bool), lives, np.ones(n, bool))
+
+
+def _flag(value, name):
+    """One flag an env returned (``terminated``, ``truncated``, ``done``) as a bool.
+
+    The rule (:func:`~expreplay._checks.check_bool`'s, the writers' too): a flag is a bool, a
+    numpy bool (also as a 0-d array), or the integer 0 or 1 (what C-backed envs return);
+    anything else is refused naming the flag, since ``bool()`` would read the string
+    ``'False'`` as True and a float or an array by rules that are not the env's.
+    """
+    if isinstance(value, np.ndarray) and value.shape == ():
+        value = value[()]
+    return check_bool(value, name)
+
+
+def _flags(values, n, name):
+    """``n`` flags of a vector env as a bool array: the rule of :func:`_flag` for each."""
+    arr = np.asarray(values)
+    if arr.dtype != np.bool_:
+        if arr.dtype.kind not in 'iu' or ((arr != 0) & (arr != 1)).any():
+            raise TypeError(f"{name} must be bools (or integers 0 and 1), got "
+                            f"{arr.dtype} {arr.ravel()[:4].tolist()}")
+        arr = arr.astype(bool)
+    return arr.reshape(n)
+
+
+def _reward(value, name='player reward'):
+    """One reward an env returned: integers are held to the memory's rule (float32 must hold
+    them exactly, :func:`expreplay.memory.check_reward`) before they become floats; floats go
+    on to the runner's range check."""
+    if type(value) is float:
+        return value
+    return check_reward(value, name)
+
+
+def _rewards(values, n, name='player rewards'):
+    """``n`` rewards of a vector env as float64, integers held to the memory's rule first."""
+    arr = np.asarray(values)
+    if arr.dtype.kind != 'f':
+        arr = check_rewards(arr, name)
+    return arr.astype(np.float64).reshape(n)
 
 
 def _lives_from_info(info):
@@ -214,12 +256,17 @@ class SingleEnvAdapter(EnvAdapter):
             self._bad_step_result(result)
         if self.api == 'gymnasium':
             obs, reward, terminated, truncated, info = result
-            terminated, truncated = bool(terminated), bool(truncated)
+            if type(terminated) is not bool or type(truncated) is not bool:
+                terminated = _flag(terminated, f"player {_describe(self.player)}: step()'s terminated")
+                truncated = _flag(truncated, f"player {_describe(self.player)}: step()'s truncated")
         else:
             obs, reward, done, info = result
+            if type(done) is not bool:
+                done = _flag(done, f"player {_describe(self.player)}: step()'s done")
             # Old gym's TimeLimit marks a time-limit end in info; such an end bootstraps.
-            truncated = bool(done) and bool(isinstance(info, dict) and info.get('TimeLimit.truncated', False))
-            terminated = bool(done) and not truncated
+            truncated = done and bool(isinstance(info, dict) and info.get('TimeLimit.truncated', False))
+            terminated = done and not truncated
+        reward = _reward(reward, f"player {_describe(self.player)}: step()'s reward")
         self._done = terminated or truncated
         lives = info.get('lives') if info and type(info) is dict else None
         return obs, reward, terminated, truncated, NO_LIVES if lives is None else int(lives)
@@ -321,10 +368,10 @@ class _VectorBase(EnvAdapter):
         restarted = self._restarted(info, n)
         if restarted is not None:
             started = started | restarted
-        terminated = np.asarray(terminated, bool).reshape(n)
-        truncated = np.asarray(truncated, bool).reshape(n)
+        terminated = _flags(terminated, n, 'player terminated')
+        truncated = _flags(truncated, n, 'player truncated')
         self._ended[env_ids] = (terminated | truncated) & ~started
-        return Results(env_ids, obs, np.asarray(reward, np.float64).reshape(n), terminated, truncated,
+        return Results(env_ids, obs, _rewards(reward, n), terminated, truncated,
                        self._lives(info, n), started if started.any() else None)
 
 
@@ -400,8 +447,8 @@ class VectorEnvAdapter(_VectorBase):
         if self.mode == 'NextStep':
             return self._next_step_results(self._all, obs, reward, terminated, truncated, info)
         n = self.num_envs
-        terminated = np.asarray(terminated, bool).reshape(n)
-        truncated = np.asarray(truncated, bool).reshape(n)
+        terminated = _flags(terminated, n, 'player terminated')
+        truncated = _flags(truncated, n, 'player truncated')
         ended = terminated | truncated
         lives = self._lives(info, n)
         if self.mode == 'SameStep' and ended.any():
@@ -415,7 +462,7 @@ class VectorEnvAdapter(_VectorBase):
                 lives = lives.copy()
                 lives[idx] = NO_LIVES if final_lives is None else final_lives[idx]
         self._ended |= ended
-        return Results(self._all, obs, np.asarray(reward, np.float64).reshape(n), terminated,
+        return Results(self._all, obs, _rewards(reward, n), terminated,
                        truncated, lives, None)
 
     def reset_finished(self, starts=None):
@@ -582,21 +629,24 @@ _ENV0 = np.zeros(1, np.int64)
 class FrameFormat:
     """Turns observations into frames the memory stores: ``state_shape``, ``dtype``.
 
-    A size-preserving reshape is allowed (``AtariVectorEnv(stack_num=1)`` and EnvPool give
-    (1, 84, 84) per sub-environment for a (84, 84) memory); a dtype change only where no data is
-    lost (the memory's own rule, :func:`expreplay.memory.as_frame`, so that the runner refuses
-    exactly what the memory would).
+    The shape rule: an observation has ``state_shape``, or differs from it only by axes of
+    size 1 (``AtariVectorEnv(stack_num=1)`` and EnvPool give (1, 84, 84) per sub-environment
+    for a (84, 84) memory; an (84, 84, 1) observation fits too): the two shapes are equal once
+    their size-1 axes are removed. Any other shape is refused, also one of the same size (a
+    (4, 2) observation is not a (2, 4) frame: reshaping it would scramble it). A dtype change
+    is allowed only where no data is lost (the memory's own rule,
+    :func:`expreplay.memory.as_frame`, so that the runner refuses exactly what the memory would).
     """
 
     def __init__(self, state_shape, dtype):
         self.state_shape = tuple(state_shape)
         self.dtype = np.dtype(dtype)
-        self._size = int(np.prod(self.state_shape))
+        self._squeezed = _squeezed(self.state_shape)
 
     def __call__(self, obs):
         """One observation as a frame."""
         arr = np.asarray(obs)
-        if arr.shape != self.state_shape and arr.size == self._size:
+        if arr.shape != self.state_shape and _squeezed(arr.shape) == self._squeezed:
             arr = arr.reshape(self.state_shape)
         return as_frame(arr, self.state_shape, self.dtype, 'player observation').astype(
             self.dtype, copy=False)
@@ -604,12 +654,17 @@ class FrameFormat:
     def batch(self, obs, n):
         """``n`` stacked observations as ``(n, *state_shape)`` frames."""
         arr = np.asarray(obs)
-        if arr.shape[1:] != self.state_shape and arr.size == n * self._size:
-            arr = arr.reshape((n,) + self.state_shape)
-        if len(arr) != n:
-            raise ValueError(f"player observations: {len(arr)} for {n} sub-environments")
+        shape = (n,) + self.state_shape
+        if arr.shape != shape and _squeezed(arr.shape) == _squeezed(shape):
+            arr = arr.reshape(shape)       # moves size-1 axes only: the data keeps its order
+        if arr.ndim == 0 or len(arr) != n:
+            raise ValueError(f"player observations of shape {arr.shape} for {n} sub-environments")
         return check_frames(arr, self.state_shape, self.dtype, 'player observations').astype(
             self.dtype, copy=False)
+
+
+def _squeezed(shape):
+    return tuple(d for d in shape if d != 1)
 
 
 class FrameHistory:

@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 
 from ._checks import check_int, check_probability, check_timeout
-from .acting import ActingGroup
+from .acting import ActingGroup, EnvRunner
 from .errors import CallTimeout, EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 
@@ -50,6 +50,11 @@ class _Activity:
         self.since = None
 
     def describe(self):
+        call = self.group.current_call       # read once: the thread may leave it meanwhile
+        if call is not None:                 # a call the group named (a reset, a restore...)
+            what, runner = call
+            return (f"{'a ' if what == 'reset' else ''}{what} of runner {runner.index} "
+                    f"(player {type(runner.player).__name__})")
         return f"{self.what} of runner(s) {[r.index for r in self.group.runners]}"
 
 
@@ -140,9 +145,15 @@ class EnvRunnerManager:
     def __init__(self, env_runners, maximum_staleness, *, simulator_threads=None,
                  max_inference_batch=32, max_inference_wait=None, max_restarts=0,
                  close_timeout=5.0, call_timeout=120.0, thread_context=None):
+        if isinstance(env_runners, EnvRunner) or not hasattr(env_runners, '__iter__'):
+            raise TypeError(f"env_runners must be a list of EnvRunner, got {env_runners!r}")
         self._runners = list(env_runners)
         if not self._runners:
             raise ValueError("env_runners is empty")
+        for i, runner in enumerate(self._runners):
+            if not isinstance(runner, EnvRunner):
+                raise TypeError(f"env_runners[{i}] must be an EnvRunner, got {runner!r} "
+                                f"({type(runner).__name__})")
         if len({id(r) for r in self._runners}) != len(self._runners):
             raise ValueError("env_runners holds the same runner twice")
         self.maximum_staleness = check_int(maximum_staleness, 'maximum_staleness', 1)
@@ -157,6 +168,9 @@ class EnvRunnerManager:
         self.call_timeout = check_timeout(call_timeout, 'call_timeout')
         if self.call_timeout == 0:
             raise ValueError("call_timeout must be > 0 (float('inf'): no limit)")
+        if thread_context is not None and not callable(thread_context):
+            raise TypeError(f"thread_context must be a callable that returns a context manager "
+                            f"(e.g. a contextlib.contextmanager function), got {thread_context!r}")
         self._thread_context = thread_context or contextlib.nullcontext
         self.stuck_threads = []
 

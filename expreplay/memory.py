@@ -65,8 +65,8 @@ import numpy as np
 
 from . import _checkpoint
 from ._checkpoint import CheckpointError
-from ._checks import (check_bool, check_choice, check_dtype, check_int, check_probability,
-                      check_real, check_rng, check_shape)
+from ._checks import (check_allocatable, check_bool, check_choice, check_dtype, check_int,
+                      check_probability, check_real, check_rng, check_shape)
 from . import _gather
 from ._gather import gather_frames, gather_kernel_takes
 # The input rules and the writers live in their own modules; their names stay importable from
@@ -74,6 +74,7 @@ from ._gather import gather_frames, gather_kernel_takes
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
+from .episodes import StoredEpisodes
 from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID  # noqa: F401
 from .priority import PriorityIndex
 from .writers import BatchWriter, LaneWriter
@@ -151,7 +152,8 @@ class ReplayMemory:
             feeds new priorities back with :meth:`update_priorities`.
         alpha (float): priority exponent in [0, 1] (0: uniform).
         priority_eps (float): added to every priority (> 0), so that every transition keeps a
-            chance of being drawn. (:meth:`sample_batch` always draws uniformly.)
+            chance of being drawn; at most the bound of :meth:`update_priorities`' priorities.
+            (:meth:`sample_batch` always draws uniformly.)
         extra_fields (dict, optional): extra per-step fields, name -> dtype (bool, integer or
             float), e.g. ``{'lives': 'int8', 'segment': 'int32'}``: one scalar per step, given
             with the step (``add_step(..., extras={...})``, a batch writer's ``extras=``),
@@ -207,6 +209,12 @@ class ReplayMemory:
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots
         self._frame_bytes = int(np.prod(self.state_shape)) * self.dtype.itemsize
+        per_step = (self._frame_bytes + 13 + sum(d.itemsize for d in extra_fields.values())
+                    + (17 if prioritized else 0))     # the class docstring's memory use
+        check_allocatable(
+            (self.num_slots + 1) * per_step,
+            f"ReplayMemory(max_size={self.max_size}) of {self.state_shape} {self.dtype} frames",
+            f"each step takes {per_step} bytes: choose a smaller max_size")
 
         # np.zeros of a large array maps zero pages lazily: nothing is touched up front.
         self._frames = np.zeros((self.num_slots + 1,) + self.state_shape, self.dtype)
@@ -489,8 +497,10 @@ class ReplayMemory:
 
         Raises:
             ValueError: the memory is not prioritized, the arrays differ in length, an index is
-                not one this memory handed out, or a priority is negative or not finite. Nothing
-                is changed then.
+                not one this memory handed out, or a priority is negative, not finite, or
+                above the bound that keeps the priority tree's sums finite
+                (:meth:`~expreplay.priority.PriorityIndex.check_priorities`: about
+                ``(1.8e308 / (2 * slots)) ** (1 / alpha)``). Nothing is changed then.
         """
         if self._priorities is None:
             raise ValueError("update_priorities needs a prioritized memory "
@@ -506,6 +516,7 @@ class ReplayMemory:
         # min >= 0 is False for NaN too; max finite rules out +inf.
         if priorities.size and not (priorities.min() >= 0 and math.isfinite(priorities.max())):
             raise ValueError("priorities must be finite and >= 0")
+        self._priorities.check_priorities(priorities)    # the bound that keeps the tree finite
         indices = indices.astype(np.int64)
         if indices.size and indices.min() < 0:
             raise ValueError("indices must come from sample(): negative index")
@@ -641,14 +652,20 @@ class ReplayMemory:
 
     # ------------------------------------------------------------------ whole episodes
     def episodes(self):
-        """Yield every complete episode still stored, oldest lanes' blocks first.
+        """The complete episodes still stored, oldest lanes' blocks first, as an iterator.
 
         An episode is complete when its first frame (from ``reset()``) and its final step
         (terminated or truncated) are both still in the memory. Each is a dict of copies:
         ``observations`` (steps + 1, *state_shape), ``actions`` int32, ``rewards`` float32,
         ``terminations`` and ``truncations`` bool (steps,), the layout Minari datasets use,
         and ``extras``, the extra fields' values of each step (name -> (steps,)).
-        Episodes cut by eviction, abandoned, or still running are skipped.
+
+        Writers may run meanwhile: the episodes' first frames are listed when this is called,
+        and each episode is read later under the memory's lock, whole, as a sample is. One
+        whose first frame was evicted in between (its slots may hold another episode by then)
+        is skipped, never read in part. The returned :class:`~expreplay.episodes.StoredEpisodes`
+        counts what it skipped: ``evicted`` (evicted while the iteration went on) and
+        ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
         with self._lock:
             order = list(self._retired) + list(np.flatnonzero(self._block_state == _ACTIVE))
@@ -656,21 +673,26 @@ class ReplayMemory:
             for block in order:
                 lo = block * self.block_size
                 fill = int(self._block_fill[block])
-                starts.extend(lo + np.flatnonzero(self._epstep[lo:lo + fill] == 0))
-        for start in starts:
+                gen = int(self._block_gen[block])     # a reuse of the block changes it
+                starts.extend((int(s), gen) for s in
+                              lo + np.flatnonzero(self._epstep[lo:lo + fill] == 0))
+
+        def read(start, gen):
             with self._lock:
-                slots = self._episode_slots(int(start))
+                if self._block_gen[start // self.block_size] != gen:
+                    return StoredEpisodes.EVICTED
+                slots = self._episode_slots(start)
                 if slots is None:
-                    continue
+                    return StoredEpisodes.INCOMPLETE
                 steps = slots[:-1]
-                episode = dict(
+                return dict(
                     observations=self._frames[slots].copy(),
                     actions=self._action[steps].copy(),
                     rewards=self._reward[steps].copy(),
                     terminations=(self._flags[steps] & _TERMINATED) != 0,
                     truncations=(self._flags[steps] & _TRUNCATED) != 0,
                     extras={name: arr[steps] for name, arr in self._extras.items()})
-            yield episode
+        return StoredEpisodes(starts, read)
 
     def _episode_slots(self, start):
         """Slots of the episode whose first frame is ``start``, or None if it is incomplete."""

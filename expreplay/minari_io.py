@@ -58,8 +58,11 @@ def export_minari(memory, dataset_id, *, env=None, observation_space=None, actio
     Every episode whose first observation and final step (terminated or truncated) are both
     still in the memory is written, with every observation (the final one included), action,
     reward, termination and truncation. Episodes cut by eviction, still running, or abandoned
-    are left out (see :meth:`ReplayMemory.episodes`). Export from a memory that writers are not
-    filling, or accept that episodes finished during the export may or may not be included.
+    are left out (see :meth:`ReplayMemory.episodes`). Each episode is read whole; with writers
+    running, an episode evicted before the export reached it is left out, and their number is
+    logged (logger ``expreplay.minari_io``, WARNING). Export from a memory that writers are not
+    filling to have every episode, or accept that episodes finished or evicted during the
+    export may or may not be included.
 
     Args:
         memory (ReplayMemory): the memory to export.
@@ -237,7 +240,8 @@ def _episode_chunks(memory, obs_space, action_space, minari):
     lo = int(action_space.start)
     hi = lo + int(action_space.n)
     chunk, nbytes = [], 0
-    for episode in memory.episodes():
+    episodes = memory.episodes()
+    for episode in episodes:
         actions = episode['actions']
         if actions.size and (actions.min() < lo or actions.max() >= hi):
             bad = actions[(actions < lo) | (actions >= hi)][0]
@@ -257,6 +261,11 @@ def _episode_chunks(memory, obs_space, action_space, minari):
         if nbytes >= _EXPORT_CHUNK_BYTES:
             yield chunk
             chunk, nbytes = [], 0
+    if episodes.evicted:
+        import logging
+        logging.getLogger(__name__).warning("export_minari: %d of the memory's complete episodes were evicted by its "
+                       "writers before they were read, and are not in the dataset (%d are)",
+                       episodes.evicted, episodes.yielded)
     if chunk:
         yield chunk
 

@@ -22,6 +22,8 @@ steps enter with, and the memory's hooks (:meth:`PriorityIndex.on_publish`,
 :meth:`PriorityIndex.on_evict`). All its methods run under the memory's lock.
 """
 
+import math
+
 import numpy as np
 
 try:  # optional, built by setup.py when a C compiler is available
@@ -187,9 +189,44 @@ class PriorityIndex:
         self._flags, self._valid_bit = flags, valid_bit   # the memory's slot flags (VALID)
         self.alpha = float(alpha)
         self.eps = float(eps)
+        # The bound that keeps the tree finite: a sum over num_slots leaves of at most
+        # max_value each is at most half of float64's maximum (the half absorbs rounding).
+        self.max_value = float(np.finfo(np.float64).max) / (2 * num_slots)
+        self.priority_bound = self._raw_bound() - self.eps
+        if not self.priority_bound >= 1.0:     # new steps enter at priority 1 to begin with
+            raise ValueError(
+                f"priority_eps must be at most {self._raw_bound() - 1.0:.4g} for this memory "
+                f"(alpha={self.alpha:g}, {num_slots} slots): (1 + priority_eps) ** alpha must be "
+                f"at most {self.max_value:.4g} so that the priority tree's sums stay finite; "
+                f"got {eps!r}")
         self.max_priority = 1.0      # raw priority (before eps and alpha), as in Schaul et al.
         self._pending = []
         self.stale_updates = 0       # update_priorities entries skipped: slot evicted/rewritten
+
+    def _raw_bound(self):
+        """The largest ``p + eps`` whose tree value ``(p + eps) ** alpha`` is <= max_value."""
+        if self.alpha == 0.0:
+            return np.inf
+        try:
+            return math.exp(math.log(self.max_value) / self.alpha)
+        except OverflowError:
+            return np.inf
+
+    def check_priorities(self, priorities, name='priorities'):
+        """Refuse raw priorities above :attr:`priority_bound`.
+
+        The rule: a priority ``p`` is accepted when ``(p + eps) ** alpha``, its value in the
+        tree, is at most ``float64 max / (2 * num_slots)``, so that no sum over the tree can
+        overflow (an infinite total makes every later draw fail). For alpha = 1 and a million
+        slots that is about 9e301; for alpha < 0.003 every finite priority is accepted.
+        Refused rather than clamped: a priority that large is a bug in the learner's TD
+        errors, which a clamp would hide.
+        """
+        if len(priorities) and priorities.max() > self.priority_bound:
+            raise ValueError(
+                f"{name} must be at most {self.priority_bound:.4g} for this memory "
+                f"(alpha={self.alpha:g}, {self.tree.capacity} slots) so that the priority "
+                f"tree's sums stay finite; got {float(priorities.max())!r}")
 
     # -- hooks called by the memory's write path (under its lock)
     def on_publish(self, slots):

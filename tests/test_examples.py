@@ -132,6 +132,99 @@ def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
     assert f'the best weights so far are in {logdir}' in line, line
 
 
+def tree_state(path):
+    """Every file under ``path`` with its size and modification time."""
+    return {os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size,
+                                 os.stat(os.path.join(d, f)).st_mtime_ns)
+            for d, _, files in os.walk(path) for f in files}
+
+
+def fake_previous_run(logdir):
+    logdir.mkdir(parents=True)
+    for name in ('checkpoint', 'replay_memory.npz', 'model-120.index', 'stats.json'):
+        (logdir / name).write_text(name)
+    return tree_state(logdir)
+
+
+def test_atari_refuses_a_logdir_that_holds_a_previous_run(tmp_path):
+    import dqn_atari
+    logdir = tmp_path / 'pong'
+    before = fake_previous_run(logdir)
+    # The README's main command, over a previous run.
+    args = dqn_atari.parse_args(['--env', 'ALE/Pong-v5', '--memory-size', '200000',
+                                 '--logdir', str(logdir)])
+    with pytest.raises(SystemExit) as info:
+        dqn_atari.prepare_logdir(args)
+    message = str(info.value)
+    assert str(logdir) in message and 'a model checkpoint, a replay memory, 2 other files' in message
+    for how in ('--resume', '--logdir', '--overwrite'):
+        assert how in message, message
+    assert tree_state(logdir) == before
+
+
+def test_atari_overwrite_and_resume_decide_what_happens_to_a_previous_run(tmp_path, monkeypatch):
+    import dqn_atari
+    actions = []
+    monkeypatch.setattr(dqn_atari.logger, 'set_logger_dir', lambda d, action: actions.append(action))
+    logdir = tmp_path / 'pong'
+    fake_previous_run(logdir)
+    dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--overwrite']))
+    dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--resume']))
+    dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(tmp_path / 'new')]))
+    assert actions == ['d', 'k', 'k']    # tensorpack deletes only for the --overwrite
+    with pytest.raises(SystemExit, match='nothing to resume'):
+        dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(tmp_path / 'new'), '--resume']))
+    with pytest.raises(SystemExit):
+        dqn_atari.parse_args(['--resume', '--overwrite'])
+
+
+def atari_epsilon(step, exploration_steps, update_frequency=4):
+    """The example's exploration schedule at a global step (piecewise linear)."""
+    points = [(0, 1.0), (exploration_steps // update_frequency, 0.1),
+              (40 * exploration_steps // update_frequency, 0.01)]
+    return float(np.interp(step, [p[0] for p in points], [p[1] for p in points]))
+
+
+@pytest.mark.timeout(900)
+def test_atari_ctrl_c_in_the_first_epoch_then_rerun_keeps_the_run_and_resume_restores_it(tmp_path):
+    """Ctrl-C before the first epoch ends saves the model with the memory; a rerun of the same
+    command without --resume leaves the run as it was; --resume restores the network, the
+    global step and the exploration schedule's position, and says so."""
+    logdir = tmp_path / 'pong'
+    common = [*ATARI_SMOKE, '--logdir', logdir, '--players', 2, '--eval-every', 0,
+              '--exploration-steps', 400]
+    code, out, err = interrupt_example(tmp_path, 'dqn_atari.py',
+                                       [*common, '--steps-per-epoch', 100000], 'progress:')
+    line = assert_stopped_cleanly(code, out, err)
+    assert 'Start Epoch 2' not in out
+    assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
+    steps = [int(m) for m in re.findall(r'^model-(\d+)\.index$', '\n'.join(os.listdir(logdir)), re.M)]
+    assert len(steps) == 1 and steps[0] > 0, os.listdir(logdir)
+    saved_step = steps[0]
+    before = tree_state(logdir)
+
+    env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='2',
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
+    rerun = subprocess.run([sys.executable, os.path.join(EXAMPLES, 'dqn_atari.py'),
+                            *map(str, common)], capture_output=True, text=True, timeout=300,
+                           env=env, cwd=ROOT)
+    assert rerun.returncode != 0, rerun.stdout[-3000:]
+    assert 'holds a previous run' in rerun.stderr and '--resume' in rerun.stderr, rerun.stderr[-3000:]
+    assert tree_state(logdir) == before
+
+    out = run_example('dqn_atari.py', *common, '--steps-per-epoch', 5, '--max-epoch', 1,
+                      '--resume', timeout=500)
+    report = re.search(r'Resumed (.*?): the network and global step (\d+) from model-(\d+), so '
+                       r'epsilon ([\d.]+) \(the exploration schedule at step (\d+)\); epoch 1 next '
+                       r'.*; the replay memory: (\d+) transitions from replay_memory\.npz\.', out)
+    assert report, out[-5000:]
+    assert report.group(1) == str(logdir)
+    assert int(report.group(2)) == int(report.group(3)) == int(report.group(5)) == saved_step
+    assert float(report.group(4)) == pytest.approx(atari_epsilon(saved_step, 400), abs=1e-3)
+    assert int(report.group(6)) > 0
+    assert f'Epoch 1 (global_step {saved_step + 5}) finished' in out, out[-3000:]
+
+
 def test_progress_log_reports_agent_steps_games_and_epsilon():
     """The Atari example's ProgressLog: a line `first` seconds into the training, then every
     `every` seconds, nothing in between."""
