@@ -24,9 +24,13 @@ def _findable(module):
     if module in sys.modules:
         return sys.modules[module] is not None      # None: blocked (an import of it fails)
     try:
-        return importlib.util.find_spec(module) is not None
+        spec = importlib.util.find_spec(module)
     except (ImportError, ValueError):
         return False
+    # A bare directory of that name (the session directory Ray leaves in the temporary
+    # directory, say, when run from there) is found as a namespace package without an
+    # origin: not the installed package.
+    return spec is not None and spec.origin is not None
 
 
 def missing_modules(extra):

@@ -116,3 +116,16 @@ def test_a_missing_minari_is_named():
     message, cause = out.stdout.splitlines()[-2:]   # tensorpack may print first
     assert "pip install 'expreplay[minari]'" in message
     assert cause in ('ImportError', 'ModuleNotFoundError')
+
+
+def test_a_bare_directory_of_the_name_is_not_an_installed_package(tmp_path, monkeypatch):
+    # Ray leaves a directory named ray in the temporary directory: run from there, `import ray`
+    # finds it as a namespace package. It must not count as the extra being installed.
+    (tmp_path / 'expreplay_test_pkg').mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(_extras.EXTRA_MODULES, 'fake', ('expreplay_test_pkg', 'json'))
+    assert _extras.missing_modules('fake') == ['expreplay_test_pkg']
+    (tmp_path / 'expreplay_test_pkg' / '__init__.py').write_text('')
+    import importlib
+    importlib.invalidate_caches()
+    assert _extras.missing_modules('fake') == []
