@@ -30,25 +30,6 @@ import argparse
 import os
 import time
 
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
-
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-
-from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, evaluate,  # noqa: E402
-                       tf, train_until_interrupted)  # (dqn_model sets up TF for tensorpack)
-from tensorpack import (Callback, FeedInput, PeriodicTrigger, PredictConfig, OfflinePredictor,  # noqa: E402
-                        RunOp, ScheduledHyperParamSetter, ObjAttrParam, SimpleTrainer,
-                        SmartInit, TrainConfig, launch_train_with_config, logger)
-from tensorpack.train.base import StopTraining  # noqa: E402
-
-import expreplay  # noqa: E402
-
-ENV_ID = 'CartPole-v1'
-STATE_SHAPE = (4,)   # one observation; the memory stores it as one float32 "frame"
-HISTORY = 1          # CartPole's observation is Markov: no frame stacking needed
-NUM_ACTIONS = 2
-
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -89,6 +70,29 @@ def parse_args(argv=None):
     p.add_argument('--stop-score', type=float, default=495.0,
                    help='stop training once a periodic evaluation averages this (500 is the maximum)')
     return p.parse_args(argv)
+
+
+if __name__ == '__main__':
+    parse_args()   # --help and bad arguments answer before TensorFlow loads (~20 s)
+
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, evaluate,  # noqa: E402
+                       tf, train_until_interrupted)  # (dqn_model sets up TF for tensorpack)
+from tensorpack import (Callback, FeedInput, PeriodicTrigger, PredictConfig, OfflinePredictor,  # noqa: E402
+                        RunOp, ScheduledHyperParamSetter, ObjAttrParam, SimpleTrainer,
+                        SmartInit, TrainConfig, launch_train_with_config, logger)
+from tensorpack.train.base import StopTraining  # noqa: E402
+
+import expreplay  # noqa: E402
+
+ENV_ID = 'CartPole-v1'
+STATE_SHAPE = (4,)   # one observation; the memory stores it as one float32 "frame"
+HISTORY = 1          # CartPole's observation is Markov: no frame stacking needed
+NUM_ACTIONS = 2
 
 
 def make_env():

@@ -19,6 +19,16 @@ frames, so they are stored once). ``isOver`` is True only for a *terminated* ste
 limit (truncation) bootstraps, which matters for CartPole's 500-step cap.
 """
 
+if __name__ == '__main__':
+    # A module the examples import, not a program: --help says so before TensorFlow loads.
+    import argparse
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='This module is imported by examples/dqn_atari.py and examples/dqn_cartpole.py.',
+    ).parse_args()
+    raise SystemExit('dqn_model.py is imported by examples/dqn_atari.py and '
+                     'examples/dqn_cartpole.py; run those (--help for their options).')
+
 import functools
 import gc
 import logging

@@ -2,6 +2,9 @@
 
 ``import expreplay`` loads numpy only. The tensorpack integration (:class:`ExpReplay`) imports
 TensorFlow and tensorpack when it is first touched; :class:`RayVectorEnv` imports Ray likewise.
+An integration whose extra is not installed raises ImportError naming the extra to install.
+:func:`info` (or ``python -m expreplay``) reports the version, the active optional C kernels and
+the importable extras.
 """
 
 import importlib
@@ -29,6 +32,7 @@ _LAZY = {
     'export_minari': '.minari_io',
     'load_minari': '.minari_io',
     'RayVectorEnv': '.ray',
+    'info': '._info',
 }
 
 __all__ = ['CheckpointError', 'Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)

@@ -35,11 +35,16 @@ import uuid
 
 import numpy as np
 
-import gymnasium as gym
-import ray
-from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ._extras import extra_import_error
+
+try:
+    import gymnasium as gym
+    import ray
+    from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTaskError
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError as err:
+    raise extra_import_error('RayVectorEnv', 'ray', err) from err
 
 from ._checks import check_callable, check_int, check_real, check_timeout
 

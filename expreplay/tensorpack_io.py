@@ -18,6 +18,8 @@ import os
 import sys
 import warnings
 
+from ._extras import extra_import_error
+
 
 def _ensure_legacy_keras():
     """Route ``tf.keras`` / ``tf.compat.v1.layers`` to tf-keras, as tensorpack needs.
@@ -50,10 +52,13 @@ def _ensure_legacy_keras():
 _ensure_legacy_keras()
 
 # The imports below load TensorFlow: they must come after the environment is set.
-from tensorpack.callbacks.base import Callback  # noqa: E402
-from tensorpack.dataflow.base import DataFlow, DataFlowTerminated  # noqa: E402
-from tensorpack.utils import logger  # noqa: E402
-from tensorpack.utils.utils import get_tqdm  # noqa: E402
+try:
+    from tensorpack.callbacks.base import Callback  # noqa: E402
+    from tensorpack.dataflow.base import DataFlow, DataFlowTerminated  # noqa: E402
+    from tensorpack.utils import logger  # noqa: E402
+    from tensorpack.utils.utils import get_tqdm  # noqa: E402
+except ImportError as err:
+    raise extra_import_error('ExpReplay', 'tensorpack', err) from err
 
 from ._checks import check_int  # noqa: E402
 from .stream import REPLAY_ARGS_DOC, ReplayStream  # noqa: E402

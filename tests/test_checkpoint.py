@@ -1,4 +1,4 @@
-"""Replay memory checkpoints (issue 13, item 2): what a save leaves on disk, and what a load
+"""Replay memory checkpoints: what a save leaves on disk, and what a load
 accepts.
 
 Files are damaged the ways disks and users damage them (emptied, cut, single bits flipped,

@@ -1,4 +1,4 @@
-"""Checkpoints of prioritized memories (issue 11, item 6): priorities survive a save and a
+"""Checkpoints of prioritized memories: priorities survive a save and a
 load exactly; files of format 2 (no priorities) load as uniform memories; a checkpoint of other
 settings is refused naming the setting."""
 

@@ -1,4 +1,4 @@
-"""Bad input is refused at the door, with an error naming the argument (issue 13, items 4, 6, 7).
+"""Bad input is refused at the door, with an error naming the argument.
 
 Values that can not be stored exactly (a reward beyond float32, NaN frames, integers a float
 memory would round) are refused as integer overflow already was, by the scalar checks the
@@ -30,7 +30,7 @@ def started_writer(mem):
     return w
 
 
-# ---------------------------------------------------------------- item 4: capacity is a promise
+# ---------------------------------------------------------------- capacity is a promise
 def test_block_size_larger_than_max_size_is_refused_naming_both():
     with pytest.raises(ValueError, match=r'block_size \(2000000\).*max_size \(100\)'):
         ReplayMemory(100, (2,), 1, block_size=2_000_000)
@@ -41,7 +41,7 @@ def test_block_size_equal_to_max_size_is_accepted():
     assert mem.block_size == 100
 
 
-# ---------------------------------------------------------------- item 6: storable numbers only
+# ---------------------------------------------------------------- storable numbers only
 @pytest.mark.parametrize('reward', [1e300, -1e300, 2 * float(np.finfo(np.float32).max),
                                     math.inf, math.nan, np.float64(1e39)])
 def test_a_reward_float32_can_not_hold_is_refused(reward):
@@ -177,7 +177,7 @@ def test_vectorized_checks_apply_the_scalar_rules():
         as_frame(np.float32([0, math.nan, 0]), (3,), np.dtype('float32'), 'player observation')
 
 
-# ---------------------------------------------------------------- item 7: ReplayMemory arguments
+# ---------------------------------------------------------------- ReplayMemory arguments
 @pytest.mark.parametrize('kwargs, error, match', [
     (dict(state_shape='84'), TypeError, 'state_shape'),
     (dict(state_shape=(84.7, True)), TypeError, 'state_shape'),
@@ -229,7 +229,7 @@ def test_sample_batch_refuses_bad_arguments_naming_them(kwargs, error, match):
     assert len(mem.sample_batch(8, rng=np.random.RandomState(0))[0]) == 8
 
 
-# ---------------------------------------------------------------- item 7: ReplayStream arguments
+# ---------------------------------------------------------------- ReplayStream arguments
 def stream_args(**kwargs):
     args = dict(predictor=None, get_player=lambda: None, num_parallel_players=2, state_shape=(6,),
                 batch_size=16, memory_size=600, init_memory_size=100, update_frequency=4,
@@ -283,7 +283,7 @@ def test_replay_stream_accepts_whole_float_sizes_like_replay_memory():
     assert type(stream.memory_size) is int
 
 
-# ---------------------------------------------------------------- item 7: episode schedulers
+# ---------------------------------------------------------------- episode schedulers
 @pytest.mark.parametrize('make, error, match', [
     (lambda: expreplay.ProceduralSeeds('abc'), TypeError, 'base_seed'),
     (lambda: expreplay.ProceduralSeeds(1.5), TypeError, 'base_seed'),

@@ -1,4 +1,4 @@
-"""Extra per-step fields (issue 11, item 7): ``ReplayMemory(extra_fields=...)``.
+"""Extra per-step fields: ``ReplayMemory(extra_fields=...)``.
 
 Each step's extras are a function of the step's identity (lane, episode, t), which the frames
 encode; every sampled transition's extras are checked against that reference, after the ring

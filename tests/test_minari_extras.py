@@ -1,4 +1,4 @@
-"""Extra per-step fields through Minari (issue 11, item 7): exported as the episodes' step
+"""Extra per-step fields through Minari: exported as the episodes' step
 infos, loaded back from them, checked field by field against what was written."""
 
 import numpy as np

@@ -1,0 +1,45 @@
+"""The optional extras: which modules each one provides, and the error when one is missing.
+
+Nothing here imports an extra's modules: :func:`missing_modules` asks the import system whether
+they can be found (``importlib.util.find_spec``), so that ``import expreplay`` and
+``python -m expreplay`` stay numpy-only.
+"""
+
+import importlib.util
+import sys
+
+# extra -> the top-level modules it installs (import names, not distribution names).
+EXTRA_MODULES = {
+    'atari': ('gymnasium', 'ale_py', 'cv2'),
+    'tensorpack': ('tensorflow', 'tf_keras', 'tensorpack', 'tqdm'),
+    'minari': ('minari', 'h5py', 'PIL'),
+    'ray': ('ray', 'gymnasium'),
+    'envpool': ('envpool',),
+    'minatar': ('minatar', 'gymnasium'),
+    'test': ('pytest', 'pytest_timeout', 'tqdm', 'matplotlib'),
+}
+
+
+def _findable(module):
+    if module in sys.modules:
+        return sys.modules[module] is not None      # None: blocked (an import of it fails)
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return False
+    # A bare directory of that name (the session directory Ray leaves in the temporary
+    # directory, say, when run from there) is found as a namespace package without an
+    # origin: not the installed package.
+    return spec is not None and spec.origin is not None
+
+
+def missing_modules(extra):
+    """The modules of ``extra`` (a key of ``EXTRA_MODULES``) that can not be imported."""
+    return [m for m in EXTRA_MODULES[extra] if not _findable(m)]
+
+
+def extra_import_error(feature, extra, err):
+    """The ImportError to raise (``from err``) when ``feature`` needs ``extra`` and ``err`` says
+    one of its modules is missing or broken."""
+    return ImportError(f"{feature} needs the {extra} extra ({err}): "
+                       f"pip install 'expreplay[{extra}]'")
