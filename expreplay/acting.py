@@ -237,20 +237,6 @@ class EnvRunner:
         """
         self._own_group().step(exploration)
 
-    def begin_step(self, exploration):
-        """First half of :meth:`step`: the states whose Q-values :meth:`finish_step` needs
-        (``(k, *state_shape, history_len)``, possibly ``k == 0``)."""
-        return self._own_group().begin(exploration)
-
-    def finish_step(self, q_values):
-        """Second half of :meth:`step`: act with ``q_values`` (None when ``k == 0``), store."""
-        self._own_group().finish_or_raise(q_values)
-
-    def abort_step(self):
-        """Forget a :meth:`begin_step` whose Q-values will not come."""
-        if self._group is not None:
-            self._group.abort()
-
     # ------------------------------------------------------------------ counters
     def _record_game(self, score, length):
         with self._stats_lock:

@@ -143,7 +143,7 @@ class EnvRunnerManager:
     """
 
     def __init__(self, env_runners, maximum_staleness, *, simulator_threads=None,
-                 max_inference_batch=32, max_inference_wait=None, max_restarts=0,
+                 max_inference_batch=32, max_restarts=0,
                  close_timeout=5.0, call_timeout=120.0, thread_context=None):
         if isinstance(env_runners, EnvRunner) or not hasattr(env_runners, '__iter__'):
             raise TypeError(f"env_runners must be a list of EnvRunner, got {env_runners!r}")
@@ -160,9 +160,6 @@ class EnvRunnerManager:
         n = len(self._runners)
         if simulator_threads is not None:
             simulator_threads = check_int(simulator_threads, 'simulator_threads', 1, n)
-        if max_inference_wait is not None:
-            warnings.warn("max_inference_wait has no effect: the InferenceThread merges what is "
-                          "queued when a call starts", DeprecationWarning, stacklevel=2)
         self.max_restarts = check_int(max_restarts, 'max_restarts', 0)
         self.close_timeout = check_timeout(close_timeout, 'close_timeout')
         self.call_timeout = check_timeout(call_timeout, 'call_timeout')
