@@ -2,7 +2,8 @@
 
 Every batch is checked end to end against the scripted envs' logs, the sampled:inserted ratio is
 checked exactly, and shutdown is checked to leave no thread behind. No sleeps: threads are
-synchronised with events and joins.
+synchronised with events and joins. The tests that take the ``prefetch`` fixture run with the
+prefetch thread off (0, batches drawn in ``next()``) and on (the default depth).
 """
 
 import os
@@ -15,11 +16,16 @@ import pytest
 
 from expreplay import ReplayMemory
 from expreplay.runner import RunnerError
-from expreplay.stream import PredictorSlot, ReplayStream
+from expreplay.stream import DEFAULT_PREFETCH, PredictorSlot, ReplayStream
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, check_batch, decode
 
 HISTORY = 3
-OUR_THREADS = ('SimulatorThread', 'InferenceThread')
+OUR_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch')
+
+
+@pytest.fixture(params=[0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+def prefetch(request):
+    return request.param
 
 
 class EnvFactory:
@@ -66,9 +72,10 @@ def take(iterator, n):
 
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
 @pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
-def test_batches_are_right_end_to_end(layout, env_cls):
+def test_batches_are_right_end_to_end(layout, env_cls, prefetch):
     factory = EnvFactory(env_cls, episode_lengths=(7, 2, 12), ends=('terminated', 'truncated'))
-    with make_stream(factory, prefer(1), layout=layout, exploration=0.5) as stream:
+    with make_stream(factory, prefer(1), layout=layout, exploration=0.5,
+                     prefetch=prefetch) as stream:
         assert len(stream.memory) == 0
         batches = take(iter(stream), 60)
         assert len(stream.memory) >= 100
@@ -83,33 +90,68 @@ def test_batches_are_right_end_to_end(layout, env_cls):
     assert our_threads() == []
 
 
+class DrawLog(ReplayMemory):
+    """A memory that records, at every batch drawn, the steps written and the step requests
+    the stream had made (read in the drawing thread, at the moment of the draw)."""
+
+    stream = None
+
+    def _record(self):
+        stream = self.stream
+        self.draws.append((self.num_steps_written,
+                           stream.fill_steps + stream._pacer.requests, len(self.draws) + 1))
+
+    def sample_batch(self, *args, **kwargs):
+        self._record()
+        return super().sample_batch(*args, **kwargs)
+
+    def sample(self, *args, **kwargs):
+        self._record()
+        return super().sample(*args, **kwargs)
+
+
+def draw_logged_stream(factory, **kwargs):
+    memory = DrawLog(kwargs.pop('memory_size', 600), (6,), HISTORY,
+                     prioritized=kwargs.get('prioritized', False))
+    memory.draws = []
+    stream = make_stream(factory, memory=memory, memory_size=memory.max_size, **kwargs)
+    memory.stream = stream
+    return stream, memory
+
+
 @pytest.mark.parametrize('players', [1, 3])
-def test_sampled_to_inserted_ratio(players):
-    """When batch k is handed out, exactly fill_steps + (k-1)*update_frequency step requests
-    were made, and all but at most maximum_staleness of them are in the memory."""
+def test_sampled_to_inserted_ratio(players, prefetch):
+    """When batch k is drawn, exactly fill_steps + (k-1)*update_frequency step requests were
+    made, and all but at most maximum_staleness of them are in the memory; batch k is handed
+    out at most ``prefetch`` batches after it was drawn."""
     factory = EnvFactory()
-    stream = make_stream(factory, num_parallel_players=players, update_frequency=4,
-                         maximum_staleness=5, init_memory_size=50)
+    stream, memory = draw_logged_stream(factory, num_parallel_players=players,
+                                        update_frequency=4, maximum_staleness=5,
+                                        init_memory_size=50, prefetch=prefetch)
     with stream:
-        written = []
         for k, _ in enumerate(stream, start=1):
-            written.append((k, stream.memory.num_steps_written))
+            drawn = stream.stats()['batches_drawn']
+            assert k <= drawn <= k + prefetch, (k, drawn)
             if k == 200:
                 break
     fill = stream.fill_steps
     assert fill >= 50
-    for k, steps in written:
-        requested = fill + (k - 1) * 4
-        assert requested - 5 <= steps <= requested, (k, steps, requested)
+    assert len(memory.draws) >= 200
+    for steps, requests, k in memory.draws:
+        assert requests == fill + (k - 1) * 4, (k, requests)
+        assert requests - 5 <= steps <= requests, (k, steps, requests)
         if players == 1:   # one runner runs inline: every request is executed at once
-            assert steps == requested
+            assert steps == requests
+    stats = stream.stats()
+    inserted = memory.num_steps_written - fill
+    assert stats['samples_per_insert'] == pytest.approx(16 * stats['batches_drawn'] / inserted)
 
 
-def test_exploration_and_predictor_updates_reach_the_runners():
+def test_exploration_and_predictor_updates_reach_the_runners(prefetch):
     factory = EnvFactory(episode_lengths=(1000,))
     first = prefer(2)
     with make_stream(factory, first, exploration=1.0, num_parallel_players=2,
-                     maximum_staleness=8) as stream:
+                     maximum_staleness=8, prefetch=prefetch) as stream:
         batches = iter(stream)
         take(batches, 20)
         assert first.rows == 0                # exploration 1: not a single greedy action
@@ -130,16 +172,18 @@ def test_exploration_and_predictor_updates_reach_the_runners():
         assert stats['greedy_fraction'] >= 0.9   # window edges: a step predicted before the reset
     # Which env took which request depends on thread scheduling, so count over all envs:
     # every step after the switch acted greedily with the second predictor (action 1),
-    # except at most maximum_staleness requests accepted before it.
+    # except at most maximum_staleness requests accepted before it. The prefetch thread had
+    # made the requests of up to `prefetch` batches before the switch.
     after = [rec[0] for key, env in factory.envs.items()
              for k, rec in env.transitions.items() if k not in before.get(key, ())]
-    assert len(after) >= 30 * 4 - 8
+    assert len(after) >= (30 - prefetch) * 4 - 8
     assert sum(a != 1 for a in after) <= 8, after
 
 
-def test_close_from_another_thread_ends_the_iteration():
+def test_close_from_another_thread_ends_the_iteration(prefetch):
     factory = EnvFactory()
-    stream = make_stream(factory, prefer(0), exploration=0.5, num_parallel_players=3)
+    stream = make_stream(factory, prefer(0), exploration=0.5, num_parallel_players=3,
+                         prefetch=prefetch)
     got_some = threading.Event()
     outcome = {}
 
@@ -182,9 +226,11 @@ def test_checkpoint_resumes_without_refilling(tmp_path):
         make_stream(EnvFactory(), checkpoint_dir=tmp_path, history_len=HISTORY + 1)
 
 
-def test_a_failing_env_surfaces_from_the_iteration():
+@pytest.mark.parametrize('players', [1, 2])
+def test_a_failing_env_surfaces_from_the_iteration(players, prefetch):
     factory = EnvFactory(fail_at_step=80)
-    stream = make_stream(factory, num_parallel_players=2, init_memory_size=50)
+    stream = make_stream(factory, num_parallel_players=players, init_memory_size=50,
+                         prefetch=prefetch)
     with pytest.raises(RunnerError) as info:
         with stream:
             for _ in stream:
@@ -249,7 +295,7 @@ def test_numpy_example_runs():
     assert lines[0].startswith('update     0') and lines[-1].startswith('update   100'), out.stdout
 
 
-def test_vector_env_players_insert_num_envs_per_request():
+def test_vector_env_players_insert_update_frequency_per_batch(prefetch):
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
     envs = {}
 
@@ -268,16 +314,23 @@ def test_vector_env_players_insert_num_envs_per_request():
         return made[-1]
 
     stream = make_stream(get_player, prefer(2), num_parallel_players=1, exploration=0.3,
-                         init_memory_size=60)
+                         init_memory_size=60, prefetch=prefetch)
     with stream:
+        written_after_fill = stream.start() or stream.memory.num_steps_written
         for k, batch in enumerate(stream, start=1):
             check_batch(batch, envs, HISTORY)
-            if k == 30:
-                steps = stream.memory.num_steps_written
+            if k == 120:
                 break
-    # One runner (inline): every request steps its 3 sub-envs; an autoreset step stores nothing.
-    requests = stream.fill_steps + 29 * 4
-    assert 3 * requests * 0.75 <= steps <= 3 * requests
+        drawn = stream.stats()['batches_drawn']
+        steps = stream.memory.num_steps_written - written_after_fill
+        measured = stream.stats()['samples_per_insert']
+    # update_frequency counts inserted transitions: 4 per batch, although a request steps 3
+    # sub-envs and an autoreset row stores nothing. One runner runs inline: what the
+    # requests made before the last draw inserted is in the memory, short of the target by
+    # less than one request (3 steps).
+    assert 4 * (drawn - 1) <= steps < 4 * (drawn - 1) + 3
+    assert measured == pytest.approx(16 * drawn / steps)
+    assert measured == pytest.approx(16 / 4, rel=0.05)
 
 
 @pytest.mark.parametrize('manager_kwargs,pipelined,threads', [
@@ -288,7 +341,7 @@ def test_vector_env_players_insert_num_envs_per_request():
 def test_several_single_env_players_default_to_one_pipelined_thread(manager_kwargs, pipelined, threads):
     factory = EnvFactory()
     stream = make_stream(factory, prefer(1), num_parallel_players=3, exploration=0.5,
-                         manager_kwargs=manager_kwargs)
+                         manager_kwargs=manager_kwargs, prefetch=0)
     with stream:
         for k, batch in enumerate(stream, start=1):
             check_batch(batch, factory.envs, HISTORY)
@@ -311,4 +364,6 @@ def test_vector_env_players_get_a_thread_each():
     with stream:
         take(iter(stream), 5)
         assert not stream._population.manager.pipelined
-        assert sorted(our_threads()) == ['InferenceThread', 'SimulatorThread-0', 'SimulatorThread-1']
+        assert sorted(our_threads()) == ['InferenceThread', 'ReplayStream-prefetch',
+                                         'SimulatorThread-0', 'SimulatorThread-1']
+    assert our_threads() == []
