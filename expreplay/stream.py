@@ -699,26 +699,26 @@ REPLAY_ARGS
         return self.batches()
 
     def batches(self):
-        """The batch generator behind ``iter(stream)``, without the implicit :meth:`start`.
+        """The batch iterator behind ``iter(stream)``, without the implicit :meth:`start`.
 
         For a consumer thread that must not do the fill itself: call :meth:`wait_ready` first.
-        Yields nothing once the stream is closed; one consumer at a time.
+        The first call starts the prefetch thread; empty once the stream is closed. One
+        consumer at a time.
         """
-        if self._closed:
-            return
-        pacer = self._pacer
-        if pacer is None:
-            raise RuntimeError("the ReplayStream is not started: call start()")
-        if not self.prefetch:
-            yield from self._batches_inline()
-            return
         with self._lock:
             if self._closed:
-                return
+                return iter(())
+            if self._pacer is None:
+                raise RuntimeError("the ReplayStream is not started: call start()")
+            if not self.prefetch:
+                return self._batches_inline()
             if self._prefetcher is None:
                 self._prefetcher = Prefetcher(self._draw, self.prefetch,
                                               name='ReplayStream-prefetch')
-            prefetcher = self._prefetcher
+            return self._batches_prefetched(self._prefetcher)
+
+    @staticmethod
+    def _batches_prefetched(prefetcher):
         while True:
             batch = prefetcher.get()
             if batch is Prefetcher.END:

@@ -367,3 +367,104 @@ def test_vector_env_players_get_a_thread_each():
         assert sorted(our_threads()) == ['InferenceThread', 'ReplayStream-prefetch',
                                          'SimulatorThread-0', 'SimulatorThread-1']
     assert our_threads() == []
+
+
+# ---------------------------------------------------------------------- arguments checked early
+@pytest.mark.parametrize('kwargs,error,words', [
+    (dict(prioritized='no'), TypeError, 'prioritized'),
+    (dict(prioritized=1), TypeError, 'prioritized'),
+    (dict(runner_kwargs=3), TypeError, 'runner_kwargs'),
+    (dict(runner_kwargs={'life_loss_terminals': True}), TypeError, "runner_kwargs.*'life_loss_terminals'"),
+    (dict(runner_kwargs={'memory': None}), TypeError, "runner_kwargs.*'memory'"),
+    (dict(manager_kwargs=[('max_restarts', 1)]), TypeError, 'manager_kwargs'),
+    (dict(manager_kwargs={'max_restart': 1}), TypeError, "manager_kwargs.*'max_restart'"),
+    (dict(memory=ReplayMemory(600, (7,), HISTORY)), ValueError, 'state_shape'),
+    (dict(memory=ReplayMemory(600, (6,), HISTORY + 1)), ValueError, 'history_len'),
+    (dict(memory=ReplayMemory(600, (6,), HISTORY, 'float32')), ValueError, 'state_dtype'),
+    (dict(memory=ReplayMemory(700, (6,), HISTORY)), ValueError, 'memory_size'),
+    (dict(memory='a memory'), TypeError, 'memory'),
+    (dict(prefetch=-1), ValueError, 'prefetch'),
+    (dict(prefetch=1.5), (TypeError, ValueError), 'prefetch'),
+])
+def test_bad_stream_arguments_fail_at_construction_naming_the_argument(kwargs, error, words):
+    factory = EnvFactory()
+    with pytest.raises(error, match=words):
+        make_stream(factory, **kwargs)
+    assert factory.envs == {}        # refused before any player was built
+
+
+def test_good_runner_and_manager_kwargs_still_reach_them():
+    stream = make_stream(EnvFactory(lives=3, life_every=4), prefer(1),
+                         runner_kwargs={'life_loss_terminal': True},
+                         manager_kwargs={'max_restarts': 2, 'max_inference_batch': 8})
+    with stream:
+        take(iter(stream), 3)
+        manager = stream._population.manager
+        assert manager.max_restarts == 2
+        assert all(r.life_loss_terminal for r in stream._population.runners)
+
+
+# ---------------------------------------------------------------------- the ratio, per player
+def _ratio_run(get_player, prefetch, batches=150, num_actions=3, **kwargs):
+    stream = make_stream(get_player, prefer(1, num_actions), exploration=0.3, prefetch=prefetch,
+                         **kwargs)
+    with stream:
+        stream.start()
+        written = stream.memory.num_steps_written
+        for k, _ in enumerate(stream, start=1):
+            if k == batches:
+                break
+        stats = stream.stats()
+        inserted = stream.memory.num_steps_written - written
+    return stats, inserted
+
+
+def _scripted_vector(num_envs):
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+    counter = iter(range(200))
+
+    def get_player():
+        return SyncVectorEnv([lambda: ScriptedEnv(next(counter), episode_lengths=(3, 5))
+                              for _ in range(num_envs)], autoreset_mode=AutoresetMode.NEXT_STEP)
+    return get_player
+
+
+def _envpool(batch_size):
+    envpool = pytest.importorskip('envpool', reason='EnvPool needs Python >= 3.11 on Linux')
+
+    def get_player():
+        return envpool.make('Pong-v5', env_type='gymnasium', num_envs=4, batch_size=batch_size,
+                            img_height=84, img_width=84, gray_scale=True, stack_num=1,
+                            episodic_life=False, reward_clip=False, num_threads=1)
+    return get_player
+
+
+PLAYERS = {
+    'single': (lambda: EnvFactory(episode_lengths=(3, 5)), dict(num_parallel_players=1)),
+    'single-x3': (lambda: EnvFactory(episode_lengths=(3, 5)), dict(num_parallel_players=3)),
+    'sync-vector': (lambda: _scripted_vector(3), dict(num_parallel_players=2)),
+    'envpool-sync': (lambda: _envpool(4), dict(num_parallel_players=1, state_shape=(84, 84),
+                                               num_actions=6, seed=None)),
+    'envpool-async': (lambda: _envpool(2), dict(num_parallel_players=1, state_shape=(84, 84),
+                                                num_actions=6, seed=None)),
+}
+
+
+@pytest.mark.parametrize('player', sorted(PLAYERS))
+@pytest.mark.parametrize('schedule', ['update_frequency', 'samples_per_insert'])
+def test_measured_ratio_is_the_asked_one_for_every_player(player, schedule, prefetch):
+    """16 sampled transitions per inserted one (batch 16, update_frequency 4), counted in the
+    transitions the memory received, whatever a request to the player inserts; stats()
+    reports the measured value."""
+    make_player, kwargs = PLAYERS[player]
+    if schedule == 'update_frequency':
+        kwargs = dict(kwargs, update_frequency=4)
+    else:
+        kwargs = dict(kwargs, update_frequency=None, samples_per_insert=4.0)
+    stats, inserted = _ratio_run(make_player(), prefetch, init_memory_size=60,
+                                 maximum_staleness=4, **kwargs)
+    sampled = 16 * stats.get('batches_drawn', 150)   # without a prefetcher: the 150 taken
+    # Off by at most the requests pending at the two ends (4 of up to 4 inserts each).
+    assert abs(sampled / 4 - inserted) <= 2 * 4 * 4 + 4, (sampled, inserted)
+    assert stats['samples_per_insert'] == pytest.approx(sampled / inserted, rel=0.05)
+    assert stats['samples_per_insert'] == pytest.approx(4.0, rel=0.1)
