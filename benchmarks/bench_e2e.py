@@ -176,16 +176,19 @@ class Original:
 
 
 def measure(contestant, warmup, seconds):
-    """Updates/s of a learner loop over ``seconds``, after ``warmup`` seconds of the same."""
+    """``(updates/s, CPU ms per update)`` of a learner loop over ``seconds``, after ``warmup``
+    seconds of the same. The CPU is the whole process's (every thread; the other
+    contestant's threads are idle meanwhile, their queues full): what one update costs the
+    machine, less sensitive to other processes' load than the rate."""
     deadline = time.perf_counter() + warmup
     while time.perf_counter() < deadline:
         learner(contestant.next())
-    n, t0 = 0, time.perf_counter()
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
     deadline = t0 + seconds
     while time.perf_counter() < deadline:
         learner(contestant.next())
         n += 1
-    return n / (time.perf_counter() - t0)
+    return n / (time.perf_counter() - t0), (time.process_time() - c0) / max(n, 1) * 1e3
 
 
 def learner_alone(seconds):
@@ -244,13 +247,17 @@ def run_case(args):
     contestants = [Ours(players, predictor, args)]
     if ref is not None:
         contestants.append(Original(ref, players, predictor, args))
-    out = {'case': args.case, 'rates': {c.label: [] for c in contestants}, 'learner_alone': []}
+    out = {'case': args.case, 'rates': {c.label: [] for c in contestants},
+           'cpu_ms': {c.label: [] for c in contestants}, 'learner_alone': []}
     for r in range(args.rounds):
         out['learner_alone'].append(learner_alone(min(1.0, args.seconds)))
         for c in (contestants if r % 2 == 0 else contestants[::-1]):
-            out['rates'][c.label].append(measure(c, args.warmup, args.seconds))
+            rate, cpu = measure(c, args.warmup, args.seconds)
+            out['rates'][c.label].append(rate)
+            out['cpu_ms'][c.label].append(cpu)
         print(f"  {args.case} round {r + 1}: " + ", ".join(
-            f"{c.label} {out['rates'][c.label][-1]:.0f}/s ({c.describe()})" for c in contestants)
+            f"{c.label} {out['rates'][c.label][-1]:.0f}/s, {out['cpu_ms'][c.label][-1]:.2f} CPU ms "
+            f"per update ({c.describe()})" for c in contestants)
             + f"; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
     if args.ceiling:
         contestants[0].stream.close(save=False)      # the ceiling is measured on an idle pipeline
@@ -296,6 +303,10 @@ def report(results, args):
               f"| {med(ours):.0f} | {med(ours) / 1000:.2f} | {med(ours) / alone:.2f} (alone {alone:.0f}/s) "
               f"| {f'{med(orig):.0f}' if len(orig) else 'skipped'} | {ratio:.2f} | {target}: "
               f"{'met' if all(met) else 'NOT met'} |")
+        cpu = {label: med(v) for label, v in res['cpu_ms'].items()}
+        print(f"    CPU ms per update ({case}, all threads): " + ", ".join(
+            f"{label} {v:.2f} (2-core bound {os.cpu_count() * 1e3 / v:.0f} updates/s)"
+            for label, v in cpu.items()))
         ceiling = res.get('ceiling')
         if ceiling:
             env, act, sample, cores = (ceiling['env_ms'], ceiling['act_ms'], ceiling['sample_ms'],
