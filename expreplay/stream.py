@@ -304,6 +304,44 @@ def _check_kwargs(kwargs, name, target, reserved):
     return dict(kwargs)
 
 
+# The stream's memory settings, as (the stream's argument, the memory's attribute).
+_MEMORY_SETTINGS = (('memory_size', 'max_size'), ('state_shape', 'state_shape'),
+                    ('history_len', 'history_len'), ('state_dtype', 'dtype'),
+                    ('prioritized', 'prioritized'))
+
+
+def _check_memory(memory, **wanted):
+    """Refuse a ``memory=`` that is not the one the stream's settings describe."""
+    if not isinstance(memory, ReplayMemory):
+        raise TypeError(f"memory must be a ReplayMemory, got {type(memory).__name__}")
+    for mine, theirs in _MEMORY_SETTINGS:
+        got = getattr(memory, theirs)
+        if got != wanted[mine]:
+            raise ValueError(f"memory: its {theirs} is {got!r}, but the stream was given "
+                             f"{mine}={wanted[mine]!r}")
+
+
+def _drawn_here(draw, closed):
+    """Batches drawn in the consumer's own next() (no prefetch thread), until ``closed()``."""
+    while not closed():
+        try:
+            batch = draw()
+        except Exception:
+            if closed():   # close() from another thread stopped the manager under us
+                return
+            raise
+        yield batch
+
+
+def _handed_out(prefetcher):
+    """The prefetch thread's batches, until it is stopped."""
+    while True:
+        batch = prefetcher.get()
+        if batch is Prefetcher.END:
+            return
+        yield batch
+
+
 def _close_quietly(obj):
     close = getattr(obj, 'close', None)
     if callable(close):
@@ -471,7 +509,9 @@ REPLAY_ARGS
                                   self.state_dtype, prioritized=self.prioritized, alpha=alpha,
                                   priority_eps=priority_eps)
         else:
-            self._check_memory(memory)
+            _check_memory(memory, memory_size=self.memory_size, state_shape=self.state_shape,
+                          history_len=self.history_len, state_dtype=self.state_dtype,
+                          prioritized=self.prioritized)
         self.memory = memory
         self.resumed = len(memory) > 0   # True when the memory came with transitions
         self.fill_steps = 0              # step requests made by the initial fill
@@ -510,20 +550,6 @@ REPLAY_ARGS
         the live weights (a closure over a PyTorch module, say) needs no update at all.
         """
         self._predictor.set(predictor)
-
-    def _check_memory(self, memory):
-        """Refuse a ``memory=`` that is not the one the stream's settings describe."""
-        if not isinstance(memory, ReplayMemory):
-            raise TypeError(f"memory must be a ReplayMemory, got {type(memory).__name__}")
-        for mine, theirs, wanted, got in (
-                ('memory_size', 'max_size', self.memory_size, memory.max_size),
-                ('state_shape', 'state_shape', self.state_shape, memory.state_shape),
-                ('history_len', 'history_len', self.history_len, memory.history_len),
-                ('state_dtype', 'dtype', self.state_dtype, memory.dtype),
-                ('prioritized', 'prioritized', self.prioritized, memory.prioritized)):
-            if wanted != got:
-                raise ValueError(f"memory: its {theirs} is {got!r}, but the stream was given "
-                                 f"{mine}={wanted!r}")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
@@ -711,29 +737,11 @@ REPLAY_ARGS
             if self._pacer is None:
                 raise RuntimeError("the ReplayStream is not started: call start()")
             if not self.prefetch:
-                return self._batches_inline()
+                return _drawn_here(self._draw, lambda: self._closed)
             if self._prefetcher is None:
                 self._prefetcher = Prefetcher(self._draw, self.prefetch,
                                               name='ReplayStream-prefetch')
-            return self._batches_prefetched(self._prefetcher)
-
-    @staticmethod
-    def _batches_prefetched(prefetcher):
-        while True:
-            batch = prefetcher.get()
-            if batch is Prefetcher.END:
-                return
-            yield batch
-
-    def _batches_inline(self):
-        while not self._closed:
-            try:
-                batch = self._draw()
-            except Exception:
-                if self._closed:   # close() from another thread stopped the manager under us
-                    return
-                raise
-            yield batch
+            return _handed_out(self._prefetcher)
 
     def _draw(self):
         """The requests due before the next batch (see the module docstring), then the batch."""
