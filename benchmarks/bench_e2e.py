@@ -123,17 +123,20 @@ def load_reference(path):
 
 # ---------------------------------------------------------------------------- contestants
 class Ours:
-    label = 'expreplay'
+    """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
 
-    def __init__(self, players, predictor, args):
+    def __init__(self, players, predictor, args, variant=None):
         from expreplay import ReplayStream
-        kwargs = {}
-        if args.prefetch is not None:
-            kwargs['prefetch'] = args.prefetch
-        if args.staleness is not None:
-            kwargs['maximum_staleness'] = args.staleness
-        if args.simulator_threads is not None:
-            kwargs['manager_kwargs'] = {'simulator_threads': args.simulator_threads}
+        settings = dict(prefetch=args.prefetch, maximum_staleness=args.staleness,
+                        simulator_threads=args.simulator_threads)
+        self.label = 'expreplay'
+        if variant:
+            name, value = variant.split('=')
+            settings[name] = int(value)
+            self.label = f'expreplay[{variant}]'
+        kwargs = {k: v for k, v in settings.items() if v is not None and k != 'simulator_threads'}
+        if settings['simulator_threads'] is not None:
+            kwargs['manager_kwargs'] = {'simulator_threads': settings['simulator_threads']}
         self.stream = ReplayStream(predictor, pong, players, FRAME, BATCH, args.memory_size,
                                    args.init_memory_size, UPDATE_FREQUENCY, HISTORY,
                                    progress=False, seed=0, **kwargs)
@@ -245,6 +248,7 @@ def run_case(args):
     ref = load_reference(args.reference) if args.reference else None
     predictor = make_predictor(kind)
     contestants = [Ours(players, predictor, args)]
+    contestants += [Ours(players, predictor, args, variant) for variant in args.compare]
     if ref is not None:
         contestants.append(Original(ref, players, predictor, args))
     out = {'case': args.case, 'rates': {c.label: [] for c in contestants},
@@ -303,6 +307,10 @@ def report(results, args):
               f"| {med(ours):.0f} | {med(ours) / 1000:.2f} | {med(ours) / alone:.2f} (alone {alone:.0f}/s) "
               f"| {f'{med(orig):.0f}' if len(orig) else 'skipped'} | {ratio:.2f} | {target}: "
               f"{'met' if all(met) else 'NOT met'} |")
+        for label, rates in res['rates'].items():
+            if label.startswith('expreplay['):
+                print(f"    {label} ({case}): {med(rates):.0f} updates/s, "
+                      f"{med(np.array(rates) / ours):.2f}x the defaults (median of rounds)")
         cpu = {label: med(v) for label, v in res['cpu_ms'].items()}
         print(f"    CPU ms per update ({case}, all threads): " + ", ".join(
             f"{label} {v:.2f} (2-core bound {os.cpu_count() * 1e3 / v:.0f} updates/s)"
@@ -323,6 +331,22 @@ def report(results, args):
     return ok
 
 
+def _worker_args(args):
+    """The options of this run, for a worker process."""
+    out = ['--rounds', str(args.rounds), '--seconds', str(args.seconds), '--warmup',
+           str(args.warmup), '--memory-size', str(args.memory_size), '--init-memory-size',
+           str(args.init_memory_size)]
+    for option in ('reference', 'prefetch', 'staleness', 'simulator_threads', 'switch_interval'):
+        value = getattr(args, option)
+        if value is not None:
+            out += ['--' + option.replace('_', '-'), str(value)]
+    if args.compare:
+        out += ['--compare'] + args.compare
+    if args.ceiling:
+        out.append('--ceiling')
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('--reference', help="tensorpack's examples/DeepQNetwork/expreplay.py "
@@ -336,6 +360,9 @@ def main():
     ap.add_argument('--prefetch', type=int, help="expreplay's prefetch depth (default: the stream's)")
     ap.add_argument('--staleness', type=int, help="expreplay's maximum_staleness (default: the stream's)")
     ap.add_argument('--simulator-threads', type=int, help="expreplay's simulator threads")
+    ap.add_argument('--compare', nargs='*', default=[], metavar='SETTING=N',
+                    help="more expreplay contestants in the same rounds, each with one setting "
+                    "changed: prefetch=N, maximum_staleness=N or simulator_threads=N")
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")
     ap.add_argument('--ceiling', action='store_true', help="also measure the machine's ceiling")
@@ -349,8 +376,7 @@ def main():
         print("no --reference given: the original's rows are skipped", file=sys.stderr)
     results = {}
     for case in args.cases:
-        cmd = [sys.executable, os.path.abspath(__file__), '--case', case] + [
-            a for a in sys.argv[1:] if a not in args.cases and a != '--cases']
+        cmd = [sys.executable, os.path.abspath(__file__), '--case', case] + _worker_args(args)
         print(f"case {case} ...", file=sys.stderr, flush=True)
         out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
         results[case] = json.loads(out.stdout.strip().splitlines()[-1])

@@ -20,6 +20,7 @@ Rules:
 """
 
 import collections
+import contextlib
 import threading
 import time
 
@@ -35,6 +36,8 @@ class Prefetcher:
         produce (callable): called with no arguments from the prefetch thread, over and over.
         depth (int): results kept ready (>= 1).
         name (str): the thread's name.
+        thread_context (callable, optional): returns a context manager the thread enters
+            before its first ``produce()`` (e.g. a TF1 session's ``as_default``).
 
     Attributes:
         produced (int): results produced and buffered so far.
@@ -45,11 +48,12 @@ class Prefetcher:
 
     END = object()   # what get() returns once stopped
 
-    def __init__(self, produce, depth, *, name='Prefetcher'):
+    def __init__(self, produce, depth, *, name='Prefetcher', thread_context=None):
         if not callable(produce):
             raise TypeError(f"produce must be callable, got {produce!r}")
         self.depth = check_int(depth, 'depth', 1)
         self._produce = produce
+        self._thread_context = thread_context or contextlib.nullcontext
         self._items = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._stopped = False
@@ -75,19 +79,20 @@ class Prefetcher:
     def _run(self):
         cond = self._cond
         try:
-            while True:
-                with cond:
-                    while len(self._items) >= self.depth and not self._stopped:
-                        cond.wait()
-                    if self._stopped:
-                        return
-                item = self._produce()
-                with cond:
-                    if self._stopped:
-                        return
-                    self._items.append(item)
-                    self.produced += 1
-                    cond.notify_all()
+            with self._thread_context():
+                while True:
+                    with cond:
+                        while len(self._items) >= self.depth and not self._stopped:
+                            cond.wait()
+                        if self._stopped:
+                            return
+                    item = self._produce()
+                    with cond:
+                        if self._stopped:
+                            return
+                        self._items.append(item)
+                        self.produced += 1
+                        cond.notify_all()
         except BaseException as err:
             with cond:
                 if not self._stopped:

@@ -367,7 +367,9 @@ class ReplayStream:
             ``state_dtype``). It returns the Q-values ``(n, num_actions)``, or a list of outputs
             whose first is the Q-values (tensorpack's convention). With several players it is
             called from one inference thread (never concurrently), with one player from the
-            thread that iterates. ``None`` is allowed while ``exploration`` is 1 (no greedy
+            thread that draws the batches (the prefetch thread, which enters
+            ``manager_kwargs['thread_context']`` if given; with ``prefetch=0`` the thread that
+            iterates). ``None`` is allowed while ``exploration`` is 1 (no greedy
             action is needed); see :meth:`set_predictor`.
         get_player: a callable returning a new environment (gymnasium, old gym API, or a
             gymnasium VectorEnv); called once per player, and again to replace a player that
@@ -739,8 +741,13 @@ REPLAY_ARGS
             if not self.prefetch:
                 return _drawn_here(self._draw, lambda: self._closed)
             if self._prefetcher is None:
+                # With one player the env steps and the predictor run in the drawing thread:
+                # it enters the manager's thread_context, as the manager's threads do.
+                context = (self._manager_kwargs.get('thread_context')
+                           if self.num_parallel_players == 1 else None)
                 self._prefetcher = Prefetcher(self._draw, self.prefetch,
-                                              name='ReplayStream-prefetch')
+                                              name='ReplayStream-prefetch',
+                                              thread_context=context)
             return _handed_out(self._prefetcher)
 
     def _draw(self):

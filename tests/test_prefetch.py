@@ -280,3 +280,32 @@ def test_stats_show_the_prefetcher():
     assert 0 <= stats['prefetch_ready'] <= 2
     assert stats['prefetch_waits'] >= 0 and stats['prefetch_wait_time'] >= 0.0
     assert np.isfinite(stats['samples_per_insert'])
+
+
+def test_one_player_steps_in_the_prefetch_thread_inside_the_thread_context():
+    """With one player the env and the predictor run where the batches are drawn: the
+    prefetch thread, which enters the manager's thread_context first."""
+    entered, predicted_in = [], set()
+
+    class Context:
+        def __enter__(self):
+            entered.append(threading.current_thread().name)
+
+        def __exit__(self, *exc):
+            return False
+
+    def q_values(states):
+        predicted_in.add(threading.current_thread().name)
+        return np.zeros((len(states), 3), np.float32)
+
+    stream = make_stream(EnvFactory(), q_values, num_parallel_players=1, exploration=0.0,
+                         prefetch=2, manager_kwargs={'thread_context': Context})
+    with stream:
+        stream.start()                    # the fill runs here, in this thread
+        predicted_in.clear()
+        batches = iter(stream)
+        for _ in range(10):
+            next(batches)
+    assert entered == ['ReplayStream-prefetch']
+    assert predicted_in == {'ReplayStream-prefetch'}
+    assert our_threads() == []
