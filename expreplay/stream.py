@@ -65,7 +65,9 @@ were drawn: priorities fed back with ``update_priorities`` shape the batches dra
 the call, i.e. from the ``depth + 1``-th next batch on. If a slot of a queued batch is
 rewritten before its priorities come back, that update is skipped and counted
 (``stats()['stale_priority_updates']``), never applied to the new transition. ``prefetch=0``
-draws in the learner's ``next()``, as without a prefetcher.
+draws in the learner's ``next()``, as without a prefetcher. A consumer that queues batches
+itself adds its queue to the depth: under tensorpack's ``QueueInput`` (50 batches) the
+learner trains up to ``50 + depth`` batches behind the draws.
 
 Ending: :meth:`ReplayStream.close` (from any thread) ends the iteration: a ``next()`` blocked
 waiting for a batch returns, the loop ends (StopIteration), and the prefetch thread is
