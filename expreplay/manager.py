@@ -65,6 +65,14 @@ class _GroupSlot:
     def __init__(self, group):
         self.group = group
         self.order = collections.deque(range(len(group.runners)))
+        self._steps_seen = sum(r.steps for r in group.runners)
+
+    def take_inserted(self):
+        """Steps the group stored since the last call (its runners are stepped by this
+        slot's thread only, so the difference is exactly what the last request(s) stored)."""
+        steps = sum(r.steps for r in self.group.runners)
+        inserted, self._steps_seen = steps - self._steps_seen, steps
+        return inserted
 
     @property
     def capacity(self):
@@ -178,6 +186,7 @@ class EnvRunnerManager:
         self._unfinished = collections.deque()          # accepted, oldest first, done ones popped from the left
         self._next_seq = 0
         self._pending = 0
+        self._inserted = 0            # steps stored by finished requests (see progress())
         self._closed = False
         self._close_done = threading.Event()
         self._fault = None            # (thread name, exception)
@@ -280,6 +289,14 @@ class EnvRunnerManager:
             self._pending += 1
             self._work.notify()
 
+    def progress(self):
+        """``(inserted, pending)`` at one instant: the steps the finished requests stored in
+        the memory (what a request stores depends on the player: one step, a vector env's
+        sub-env steps but not its autoreset rows, an asynchronous engine's received results),
+        and the requests accepted but not finished."""
+        with self._lock:
+            return self._inserted, self._pending
+
     def wait_idle(self, timeout=None):
         """Block until every accepted request has finished (its steps are in the memory).
 
@@ -353,6 +370,7 @@ class EnvRunnerManager:
         with self._lock:
             self._raise_if_unusable()
         group = self._inline
+        before = sum(r.steps for r in group.runners)
         try:
             group.step(exploration)
         except EnvError as err:
@@ -365,6 +383,10 @@ class EnvRunnerManager:
             with self._lock:
                 self._fault_reported = True
             raise
+        finally:
+            inserted = sum(r.steps for r in group.runners) - before
+            with self._lock:
+                self._inserted += inserted
 
     # ------------------------------------------------------------------ the threads' side
     def _simulate(self, slots, activity):
@@ -409,7 +431,7 @@ class EnvRunnerManager:
         finally:
             for slot, reqs, _ in inflight:    # closed or failed: those Q-values will not be used
                 slot.group.abort()
-                self._finish(*reqs)
+                self._finish(*reqs, inserted=slot.take_inserted())
             if self._closed:     # close() may have stopped waiting for us: close our own
                 for slot in slots:
                     self._close_group(slot.group)
@@ -446,7 +468,7 @@ class EnvRunnerManager:
             return slot, reqs, pred
         except BaseException as err:
             group.abort()
-            self._finish(*reqs)          # these requests took no step
+            self._finish(*reqs, inserted=slot.take_inserted())   # no step (a receive may have stored some)
             if not isinstance(err, ManagerClosed):
                 self._handle_fault(activity.name, err)
             return None
@@ -479,7 +501,8 @@ class EnvRunnerManager:
         except BaseException as err:
             return self._handle_fault(activity.name, err)
         finally:
-            self._finish(*reqs)   # at once: with a small maximum_staleness the window waits for it
+            # At once: with a small maximum_staleness the window waits for it.
+            self._finish(*reqs, inserted=slot.take_inserted())
 
     def _take_up_to(self, n, block, until=None):
         """Up to ``n`` queued requests; None once closed or failed. ``block``: wait for one;
@@ -498,11 +521,13 @@ class EnvRunnerManager:
         with self._lock:
             self._work.notify_all()
 
-    def _finish(self, *reqs):
-        """Book requests as finished (their steps are in the memory); wakes step() once."""
+    def _finish(self, *reqs, inserted=0):
+        """Book requests as finished (their ``inserted`` steps are in the memory); wakes
+        step() once."""
         if not reqs:
             return
         with self._lock:
+            self._inserted += inserted
             for req in reqs:
                 req.done = True
             self._pending -= len(reqs)

@@ -21,6 +21,7 @@ for every ``D`` if and only if ``2 * error_buffer >= insert_size * samples_per_i
 sample_size``, which the constructor requires. (Larger chunks than declared are refused too.)
 """
 
+import math
 import threading
 import time
 
@@ -101,6 +102,17 @@ class SampleToInsertRatio:
         n = self._check_n(n, self.sample_size, 'n')
         with self._cond:
             return self._can_sample(n)
+
+    def inserts_to_sample(self, n=1):
+        """How many more items must be inserted before a sample of ``n`` is admitted (0: it
+        is admitted now). Nothing is counted."""
+        n = self._check_n(n, self.sample_size, 'n')
+        with self._cond:
+            short = self.min_size_to_sample - self.inserts
+            # (inserts + x) * samples_per_insert - samples - n >= min_diff
+            x = math.ceil((self.samples + n + self.min_diff) / self.samples_per_insert
+                          - self.inserts - 1e-9)
+            return max(0, short, x)
 
     def try_insert(self, n=1):
         """Count an insert of ``n`` items if it is admitted now; return whether it was."""

@@ -17,31 +17,74 @@ trainer (PyTorch, JAX, TF2 eager, plain numpy)::
 
 The ratio of sampled to inserted transitions
 ============================================
-After handing out each batch the stream makes ``update_frequency`` step requests; a request
-steps one runner once, inserting one transition (``num_envs`` of them for a vector-env runner).
-So, past the initial fill, the stream keeps exactly
+The ratio counts the transitions actually inserted into the memory, whatever the player: one
+per step of a single env; a vector env's sub-env steps, but not the rows in which a sub-env
+autoresets (they store nothing); for an asynchronous engine (EnvPool in async mode, Ray
+actors), the sub-envs' results as they are received. Before drawing batch ``k`` (from 1) the
+stream has requested steps until the requests it made can insert at least
 
-    sampled : inserted = batch_size : update_frequency      (x num_envs for vector-env runners)
+    fill + (k - 1) * update_frequency          transitions (``fill``: those of the initial fill)
 
-``batch_size / update_frequency`` samples per inserted transition: 16 for tensorpack's DQN example
-(64 / 4), 8 for the Nature DQN (32 / 4). Requests run asynchronously in the simulator threads
-with at most ``maximum_staleness`` pending, so the bound is exact: when batch ``k`` (from 1) is
-handed out, ``fill_steps + (k - 1) * update_frequency`` requests have been made, and all but at
-most ``maximum_staleness`` of them are in the memory (with one player they run inline: all).
-A consumer that prefetches (tensorpack's ``QueueInput`` queues up to 50 batches) trains that
-many batches behind the stream: the ratio holds, but the environments run up to
-``50 * update_frequency`` steps ahead of the learner.
+so, past the initial fill, ``sampled : inserted = batch_size : update_frequency`` for every
+kind of player: ``batch_size / update_frequency`` samples per inserted transition (16 for
+tensorpack's DQN example, 64 / 4; 8 for the Nature DQN, 32 / 4). Set ``update_frequency`` to
+the transitions you want inserted per batch; do not divide it by ``num_envs``: a request to a
+vector or asynchronous player inserts up to ``num_envs`` transitions, and the stream makes
+fewer requests accordingly (one request per two batches with 8 sub-envs and
+``update_frequency=4``). ``stats()['samples_per_insert']`` is the measured ratio.
+
+Staleness: requests run asynchronously in the simulator threads with at most
+``maximum_staleness`` pending (with one player they run inline: none). When batch ``k`` is
+drawn, the requests made so far are counted as inserting ``num_envs`` each while pending, so
+the memory lacks at most ``maximum_staleness * num_envs`` of the ``fill + (k - 1) *
+update_frequency`` (for single-env players: all but at most ``maximum_staleness`` of exactly
+``fill + (k - 1) * update_frequency`` requests are in the memory). A request that inserts
+fewer than counted (an autoreset row, a partial receive) is made up by the next batch's
+requests: the count is cumulative, the ratio does not drift.
 
 With ``samples_per_insert=`` instead of ``update_frequency``, a
-:class:`~expreplay.ratelimit.SampleToInsertRatio` decides: after each batch the stream requests
-steps until the limiter admits the next batch, so ``sampled / inserted`` stays within the
-limiter's error buffer of ``samples_per_insert`` (a fractional ratio, e.g. 0.5, is fine).
+:class:`~expreplay.ratelimit.SampleToInsertRatio` decides: before each batch the stream
+books the transitions inserted so far with the limiter and requests steps (waiting for
+pending ones to be stored when they will do) until it admits the batch, so ``sampled /
+inserted`` stays within the limiter's error buffer of ``samples_per_insert`` (a fractional
+ratio, e.g. 0.5, is fine).
+
+Prefetch
+========
+With ``prefetch=depth`` (default :data:`DEFAULT_PREFETCH`) a thread of the stream's own
+(``ReplayStream-prefetch``) draws the batches and makes the step requests above, keeping up
+to ``depth`` batches ready: the learner's ``next()`` only takes one, and never waits while
+the memory and the players keep up. What stays exact: the ratio and the staleness bound
+above hold when each batch is *drawn*. What depth changes: a batch may be drawn up to
+``depth`` batches before it is handed out, so it holds no transition inserted in the
+meantime (at most ``depth * update_frequency`` newer ones), and the players run up to
+``depth`` batches' requests ahead of the learner. The thread draws only when there is room,
+so a slower learner slows the players with it. With prioritized replay the queued batches
+were drawn, and their importance weights computed, with the priorities of the moment they
+were drawn: priorities fed back with ``update_priorities`` shape the batches drawn after
+the call, i.e. from the ``depth + 1``-th next batch on. If a slot of a queued batch is
+rewritten before its priorities come back, that update is skipped and counted
+(``stats()['stale_priority_updates']``), never applied to the new transition. ``prefetch=0``
+draws in the learner's ``next()``, as without a prefetcher. A consumer that queues batches
+itself adds its queue to the depth: under tensorpack's ``QueueInput`` (50 batches) the
+learner trains up to ``50 + depth`` batches behind the draws.
+
+Ending: :meth:`ReplayStream.close` (from any thread) ends the iteration: a ``next()`` blocked
+waiting for a batch returns, the loop ends (StopIteration), and the prefetch thread is
+joined before the memory is saved. An exception in the prefetch thread or a simulator
+thread is raised from the learner's next ``next()`` (batches still queued are dropped): the
+same exception, chained to the original cause as the manager raises it (a
+:class:`~expreplay.errors.RunnerError` naming the thread and runner), with a note naming the
+prefetch thread; or from ``close()`` if no ``next()`` raised it.
 """
 
+import collections.abc
+import inspect
 import logging
 import math
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -49,9 +92,16 @@ from ._checks import (check_callable, check_choice, check_dtype, check_int, chec
                       check_real, check_seed, check_shape)
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeTotals
 from .memory import ReplayMemory
+from .pacing import Pacer
+from .prefetch import Prefetcher
 from .ratelimit import SampleToInsertRatio
 
-__all__ = ['ReplayStream', 'PredictorSlot', 'MemoryCheckpoint', 'REPLAY_ARGS_DOC']
+__all__ = ['ReplayStream', 'PredictorSlot', 'MemoryCheckpoint', 'REPLAY_ARGS_DOC',
+           'DEFAULT_PREFETCH']
+
+# Batches the prefetch thread keeps ready by default: enough to absorb the players' and the
+# sampler's jitter for a learner taking 1 ms per batch (benchmarks/bench_e2e.py measures it).
+DEFAULT_PREFETCH = 4
 
 # The Rainbow-side arguments, documented once for ReplayStream and ExpReplay (spliced into both
 # docstrings where the line ``REPLAY_ARGS`` stands).
@@ -74,6 +124,9 @@ REPLAY_ARGS_DOC = """\
             this many sampled transitions per inserted one, with a
             :class:`~expreplay.ratelimit.SampleToInsertRatio` limiter; ``batch_size /
             update_frequency`` is the equivalent of the fixed schedule.
+        prefetch (int): batches a thread of the stream's own draws ahead (0: drawn in the
+            learner's ``next()``); see "Prefetch" in :mod:`expreplay.stream` for what the
+            depth means for freshness and prioritized replay.
 """
 
 logger = logging.getLogger(__name__)
@@ -186,10 +239,19 @@ class _Population:
                 _close_quietly(runner)
             raise
         self.runners = runners
+        # The most steps one request can store (a vector player's sub-envs).
+        self.per_request = max(int(getattr(r, 'num_envs', 1)) for r in runners)
+        # One runner steps inline, in the thread that requests: that thread does the env calls.
+        self.inline = len(runners) == 1
 
-    def step(self, exploration, n=1):
-        for _ in range(n):
-            self.manager.step(exploration)
+    def step(self, exploration):
+        self.manager.step(exploration)
+
+    def progress(self):
+        return self.manager.progress()
+
+    def wait_idle(self):
+        self.manager.wait_idle()
 
     def reset_stats(self):
         return self.manager.reset_stats()
@@ -220,6 +282,68 @@ class _Fanout:
             callback(record)
 
 
+# Keyword arguments the stream sets itself (runner_kwargs may still override seed, index and
+# player_factory, and give episode_starts / on_episode_end, which the stream combines).
+_STREAM_SETS_FOR_RUNNER = ('player', 'predictor', 'memory', 'history_len')
+_STREAM_SETS_FOR_MANAGER = ('env_runners', 'maximum_staleness')
+
+
+def _check_kwargs(kwargs, name, target, reserved):
+    """A copy of ``kwargs`` (None: empty) after checking that it is a mapping of keyword
+    arguments that ``target`` (``'EnvRunner'`` or ``'EnvRunnerManager'``) accepts."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, collections.abc.Mapping):
+        raise TypeError(f"{name} must be a dict of keyword arguments for {target}, "
+                        f"got {kwargs!r}")
+    from . import runner      # keeps `import expreplay.stream` light
+    accepted = set(inspect.signature(getattr(runner, target)).parameters) - set(reserved)
+    for key in kwargs:
+        if key not in accepted:
+            hint = (f" (the stream sets {key!r} itself)" if key in reserved else
+                    f"; it takes {', '.join(sorted(accepted))}")
+            raise TypeError(f"{name}: {target} has no argument {key!r}{hint}")
+    return dict(kwargs)
+
+
+# The stream's memory settings, as (the stream's argument, the memory's attribute).
+_MEMORY_SETTINGS = (('memory_size', 'max_size'), ('state_shape', 'state_shape'),
+                    ('history_len', 'history_len'), ('state_dtype', 'dtype'),
+                    ('prioritized', 'prioritized'))
+
+
+def _check_memory(memory, **wanted):
+    """Refuse a ``memory=`` that is not the one the stream's settings describe."""
+    if not isinstance(memory, ReplayMemory):
+        raise TypeError(f"memory must be a ReplayMemory, got {type(memory).__name__}")
+    for mine, theirs in _MEMORY_SETTINGS:
+        got = getattr(memory, theirs)
+        if got != wanted[mine]:
+            raise ValueError(f"memory: its {theirs} is {got!r}, but the stream was given "
+                             f"{mine}={wanted[mine]!r}")
+
+
+def _drawn_here(draw, closed):
+    """Batches drawn in the consumer's own next() (no prefetch thread), until ``closed()``."""
+    while not closed():
+        try:
+            batch = draw()
+        except Exception:
+            if closed():   # close() from another thread stopped the manager under us
+                return
+            raise
+        yield batch
+
+
+def _handed_out(prefetcher):
+    """The prefetch thread's batches, until it is stopped."""
+    while True:
+        batch = prefetcher.get()
+        if batch is Prefetcher.END:
+            return
+        yield batch
+
+
 def _close_quietly(obj):
     close = getattr(obj, 'close', None)
     if callable(close):
@@ -233,9 +357,11 @@ class ReplayStream:
     """Threaded experience replay as a plain Python iterator of numpy batches.
 
     Iterating fills the memory to ``init_memory_size`` first (once), then yields
-    ``[comb_state, action, reward, isOver]`` batches forever, requesting ``update_frequency``
-    environment steps after each one (see the module docstring for the exact ratio). Stop by
-    breaking out of the loop and calling :meth:`close` (or use the stream as a context manager).
+    ``[comb_state, action, reward, isOver]`` batches forever, requesting environment steps so
+    that ``update_frequency`` transitions are inserted per batch (see the module docstring for
+    the exact ratio), the batches drawn ahead by a prefetch thread (``prefetch``). Stop by
+    breaking out of the loop and calling :meth:`close` (or use the stream as a context
+    manager); a ``close()`` from another thread ends the loop.
 
     Args:
         predictor: the Q-function, ``predictor(states)`` with ``states`` of shape
@@ -243,7 +369,9 @@ class ReplayStream:
             ``state_dtype``). It returns the Q-values ``(n, num_actions)``, or a list of outputs
             whose first is the Q-values (tensorpack's convention). With several players it is
             called from one inference thread (never concurrently), with one player from the
-            thread that iterates. ``None`` is allowed while ``exploration`` is 1 (no greedy
+            thread that draws the batches (the prefetch thread, which enters
+            ``manager_kwargs['thread_context']`` if given; with ``prefetch=0`` the thread that
+            iterates). ``None`` is allowed while ``exploration`` is 1 (no greedy
             action is needed); see :meth:`set_predictor`.
         get_player: a callable returning a new environment (gymnasium, old gym API, or a
             gymnasium VectorEnv); called once per player, and again to replace a player that
@@ -254,7 +382,8 @@ class ReplayStream:
         memory_size (int): transitions kept in the replay memory.
         init_memory_size (int): transitions in the memory before the first batch (at least
             ``batch_size`` are always collected).
-        update_frequency (int): environment steps requested after each batch.
+        update_frequency (int): transitions inserted per batch, whatever the player (a request
+            to a vector player inserts up to ``num_envs``: the stream requests accordingly).
         history_len (int): frames per state.
         state_dtype: dtype of the stored frames.
         maximum_staleness (int): pending step requests allowed; default ``2 * update_frequency``.
@@ -264,12 +393,16 @@ class ReplayStream:
         layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or ``'NCHW'``.
         checkpoint_dir (str): if given, the memory is loaded from it when a checkpoint is there
             (no refill), and :meth:`save_memory` / :meth:`close` save it there.
-        memory (ReplayMemory): use this memory instead of building (or loading) one.
+        memory (ReplayMemory): use this memory instead of building (or loading) one; its
+            ``max_size``, ``state_shape``, ``history_len``, ``dtype`` and ``prioritized`` must
+            be the stream's ``memory_size``, ``state_shape``, ``history_len``, ``state_dtype``
+            and ``prioritized`` (refused with ``ValueError`` naming the setting otherwise).
         progress: show the initial fill: True (tqdm, if installed), False, or
             ``progress(total, desc)`` returning an object with ``update(n)`` and ``close()``.
         runner_kwargs (dict): extra keyword arguments for every :class:`~expreplay.EnvRunner`
-            (e.g. ``life_loss_terminal=True`` for Atari).
-        manager_kwargs (dict): extra keyword arguments for the
+            (e.g. ``life_loss_terminal=True`` for Atari); a key EnvRunner does not take is
+            refused at construction.
+        manager_kwargs (dict): extra keyword arguments (checked the same way) for the
             :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts``, ``max_inference_batch``).
             ``simulator_threads`` keeps the manager's default (single-env players share one
             pipelined thread, each vector player gets its own); ``num_parallel_players`` gives
@@ -294,7 +427,7 @@ REPLAY_ARGS
                  runner_kwargs=None, manager_kwargs=None, episode_starts=None,
                  episode_log_dir=None, on_episode_end=None, n_step=1, gamma=0.99,
                  prioritized=False, alpha=0.6, priority_eps=1e-6, beta=None,
-                 samples_per_insert=None):
+                 samples_per_insert=None, prefetch=DEFAULT_PREFETCH):
         self.get_player = check_callable(get_player, 'get_player')
         check_callable(predictor, 'predictor', allow_none=True)
         # Sizes take whole floats (tensorpack's DQN.py passes memory_size=1e6), as ReplayMemory.
@@ -336,7 +469,10 @@ REPLAY_ARGS
             raise TypeError(f"progress must be True, False or a callable progress(total, desc), "
                             f"got {progress!r}")
         self._rng = np.random.default_rng(seed)
-        self._runner_kwargs = dict(runner_kwargs or {})
+        self._sample_lock = threading.Lock()     # the rng: prefetch thread and sample() callers
+        self.prefetch = check_int(prefetch, 'prefetch', 0, allow_float=True)
+        self._runner_kwargs = _check_kwargs(runner_kwargs, 'runner_kwargs', 'EnvRunner',
+                                            _STREAM_SETS_FOR_RUNNER)
         if episode_starts is not None and self._runner_kwargs.get('episode_starts') is not None:
             raise ValueError("episode_starts is given twice (also in runner_kwargs)")
         check_callable(on_episode_end, 'on_episode_end', allow_none=True)
@@ -347,7 +483,8 @@ REPLAY_ARGS
         self.episode_log = None          # the EpisodeLog while started with a log directory
         self.episode_totals = EpisodeTotals()
         self._on_episode_end = on_episode_end
-        self._manager_kwargs = dict(manager_kwargs or {})
+        self._manager_kwargs = _check_kwargs(manager_kwargs, 'manager_kwargs',
+                                             'EnvRunnerManager', _STREAM_SETS_FOR_MANAGER)
         self._progress = progress
         self._predictor = PredictorSlot(predictor)
         self.n_step = check_int(n_step, 'n_step', 1)
@@ -357,6 +494,8 @@ REPLAY_ARGS
         if beta is not None and not callable(beta):
             check_probability(beta, 'beta')
         self.beta = beta
+        if not isinstance(prioritized, (bool, np.bool_)):
+            raise TypeError(f"prioritized must be True or False, got {prioritized!r}")
         self.prioritized = bool(prioritized)
         # The named n-step batch whenever the tensorpack 4-list can not carry what is asked.
         self.named_batches = self.n_step > 1 or self.prioritized
@@ -373,14 +512,17 @@ REPLAY_ARGS
             memory = ReplayMemory(self.memory_size, self.state_shape, self.history_len,
                                   self.state_dtype, prioritized=self.prioritized, alpha=alpha,
                                   priority_eps=priority_eps)
-        elif memory.prioritized != self.prioritized:
-            raise ValueError(f"memory: prioritized={memory.prioritized}, but the stream was "
-                             f"asked for prioritized={self.prioritized}")
+        else:
+            _check_memory(memory, memory_size=self.memory_size, state_shape=self.state_shape,
+                          history_len=self.history_len, state_dtype=self.state_dtype,
+                          prioritized=self.prioritized)
         self.memory = memory
         self.resumed = len(memory) > 0   # True when the memory came with transitions
         self.fill_steps = 0              # step requests made by the initial fill
 
         self._population = None
+        self._pacer = None                # the step requests per batch, built by start()
+        self._prefetcher = None           # the prefetch thread, started by the first batches()
         self._closed_start_counts = {}
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
@@ -419,6 +561,8 @@ REPLAY_ARGS
 
         Iterating calls it; call it yourself to fill at a moment of your choice. Blocks until
         the fill is done. A memory resumed from a checkpoint is filled only up to what it lacks.
+        A :meth:`close` from another thread during the fill ends it (``start`` returns; the
+        stream is closed).
         """
         with self._lock:
             if self._closed:
@@ -434,7 +578,7 @@ REPLAY_ARGS
                 self.episode_totals, self.episode_log, self._on_episode_end,
                 self._runner_kwargs.get('on_episode_end')])
             try:
-                self._population = _Population(
+                population = self._population = _Population(
                     self.get_player, self.num_parallel_players, self._predictor, self.memory,
                     self.history_len, self.maximum_staleness, self.seed, runner_kwargs,
                     self._manager_kwargs)
@@ -442,26 +586,34 @@ REPLAY_ARGS
                 if self.episode_log is not None:
                     self.episode_log.close()
                 raise
+        limiter = None
         if self.samples_per_insert is not None:
-            self.rate_limiter = self._make_rate_limiter(self._population.runners)
-        self._fill()
-        self._population.reset_stats()    # statistics windows start with the training
+            limiter = self.rate_limiter = self._make_rate_limiter(population)
+        try:
+            self._fill(population)
+            pacer = Pacer(population, self.batch_size, self.update_frequency, limiter,
+                          lambda: self._exploration)
+            population.reset_stats()    # statistics windows start with the training
+        except Exception:
+            if self._closed:    # close() from another thread stopped the manager under us
+                return
+            raise
+        with self._lock:
+            if self._closed:
+                return
+            self._pacer = pacer
         self._ready.set()
 
-    def _make_rate_limiter(self, runners):
-        """The limiter for ``samples_per_insert``: a step request inserts one transition per
-        env of the runner it steps, so that is the insert chunk; a batch is the sample chunk.
-        The error buffer is the smallest that can not deadlock."""
-        sizes = {getattr(r, 'num_envs', 1) for r in runners}
-        if len(sizes) != 1:
-            raise ValueError("samples_per_insert needs players with the same number of envs "
-                             f"each, got {sorted(sizes)}")
-        per_request = sizes.pop()
+    def _make_rate_limiter(self, population):
+        """The limiter for ``samples_per_insert``: a request stores up to ``per_request``
+        transitions, the largest insert booked at once; a batch is the sample chunk. The
+        error buffer is the smallest that can not deadlock."""
+        per_request = population.per_request
         spi = self.samples_per_insert
         return SampleToInsertRatio(spi, 1, (per_request * spi + self.batch_size) / 2,
                                    insert_size=per_request, sample_size=self.batch_size)
 
-    def _fill(self):
+    def _fill(self, population):
         """Request steps until the memory holds ``init_memory_size`` transitions (and a batch).
 
         Also stops once that many steps were inserted while the memory still holds fewer
@@ -482,7 +634,7 @@ REPLAY_ARGS
             while len(memory) < target and memory.num_steps_written - written_at_start < target:
                 if self._closed:
                     return
-                self._population.step(self.exploration)
+                population.step(self.exploration)
                 self.fill_steps += 1
                 now = min(len(memory), target)
                 if now > shown:
@@ -508,17 +660,30 @@ REPLAY_ARGS
         return self._closed
 
     def close(self, save=True):
-        """Stop and join every simulator thread, then save the memory if a checkpoint is set.
+        """Stop and join the prefetch thread and every simulator thread, then save the memory
+        if a checkpoint is set.
 
-        Idempotent. A runner fault that no step request raised yet is raised here, after the
-        threads are stopped and the memory is saved.
+        Idempotent; any thread may call it: an iteration in another thread ends (see
+        "Prefetch" in the module docstring). A runner or prefetch fault that no ``next()``
+        raised yet is raised here, after the threads are stopped and the memory is saved.
         """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             population, self._population = self._population, None
+            prefetcher = self._prefetcher
         self._ready.set()   # wakes anyone in wait_ready(), who then sees `closed`
+        timeout = None
+        if population is not None:
+            close_timeout = population.manager.close_timeout
+            timeout = None if math.isinf(close_timeout) else close_timeout
+        if prefetcher is not None:
+            prefetcher.stop()
+            if population is None or population.inline:
+                # The prefetch thread does the env calls itself: let it finish the one it is
+                # in before the runner is closed under it.
+                prefetcher.join(timeout)
         error = None
         if population is not None:
             try:
@@ -527,6 +692,13 @@ REPLAY_ARGS
                 error = err
             # Start counts stay readable after close (stats() of a closed stream).
             self._closed_start_counts = population.start_counts()
+        if prefetcher is not None:
+            if not prefetcher.join(timeout):
+                warnings.warn(f"ReplayStream.close: {prefetcher.name} still running after "
+                              f"{timeout} s (inside an env or predictor call); left as a daemon "
+                              "thread", RuntimeWarning, stacklevel=2)
+            if error is None:
+                error = prefetcher.unraised_error()
         if self.episode_log is not None:
             self.episode_log.close()   # after the threads: their last records are in it
         if save and self.checkpoint is not None:
@@ -550,53 +722,55 @@ REPLAY_ARGS
 
     # ------------------------------------------------------------------ batches
     def __iter__(self):
-        """Yield batches forever (until :meth:`close`); see the class docstring."""
-        self.start()
+        """Yield batches until :meth:`close` (also one from another thread, also during the
+        initial fill); see the class docstring."""
+        if not self._closed:
+            self.start()
         return self.batches()
 
     def batches(self):
-        """The batch generator behind ``iter(stream)``, without the implicit :meth:`start`.
+        """The batch iterator behind ``iter(stream)``, without the implicit :meth:`start`.
 
         For a consumer thread that must not do the fill itself: call :meth:`wait_ready` first.
+        The first call starts the prefetch thread; empty once the stream is closed. One
+        consumer at a time.
         """
-        population = self._population
-        if population is None:
-            raise RuntimeError("the ReplayStream is not started (or closed): call start()")
-        limiter = self.rate_limiter
-        if limiter is not None and limiter.inserts == 0:
-            limiter.try_insert(1)     # the fill stands for min_size_to_sample
-        while not self._closed:
-            try:
-                if limiter is not None:
-                    # Step until the limiter admits this batch (never waits: this thread is
-                    # both the learner's sampler and the actors' only source of requests).
-                    while not limiter.try_sample(self.batch_size):
-                        population.step(self.exploration)
-                        if not limiter.try_insert(limiter.insert_size):
-                            raise RuntimeError("rate limiter refused both sides (a bug)")
-                batch = self.sample()
-            except Exception:
-                if self._closed:   # close() from another thread stopped the manager under us
-                    return
-                raise
-            yield batch
-            if limiter is None:
-                try:
-                    population.step(self.exploration, self.update_frequency)
-                except Exception:
-                    if self._closed:
-                        return
-                    raise
+        with self._lock:
+            if self._closed:
+                return iter(())
+            if self._pacer is None:
+                raise RuntimeError("the ReplayStream is not started: call start()")
+            if not self.prefetch:
+                return _drawn_here(self._draw, lambda: self._closed)
+            if self._prefetcher is None:
+                # With one player the env steps and the predictor run in the drawing thread:
+                # it enters the manager's thread_context, as the manager's threads do.
+                context = (self._manager_kwargs.get('thread_context')
+                           if self.num_parallel_players == 1 else None)
+                self._prefetcher = Prefetcher(self._draw, self.prefetch,
+                                              name='ReplayStream-prefetch',
+                                              thread_context=context)
+            return _handed_out(self._prefetcher)
+
+    def _draw(self):
+        """The requests due before the next batch (see the module docstring), then the batch."""
+        self._pacer.before_draw()
+        return self.sample()
 
     def sample(self):
-        """One batch, without requesting new environment steps."""
-        if not self.named_batches:
-            return self.memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
-        beta = self.beta(self._batches_sampled) if callable(self.beta) else self.beta
-        batch = self.memory.sample(self.batch_size, n_step=self.n_step, gamma=self.gamma,
-                                   beta=beta, layout=self.layout, rng=self._rng)
-        self._batches_sampled += 1
-        return batch
+        """One batch, without requesting new environment steps (thread-safe)."""
+        # Reusable output buffers (a sample API taking ``out=``) would go here: with a
+        # prefetcher, a ring of ``prefetch + 2`` of them (the queued batches, the one the
+        # thread fills, the one the learner holds), each reused only after it was handed on.
+        with self._sample_lock:
+            if not self.named_batches:
+                return self.memory.sample_batch(self.batch_size, rng=self._rng,
+                                                layout=self.layout)
+            beta = self.beta(self._batches_sampled) if callable(self.beta) else self.beta
+            batch = self.memory.sample(self.batch_size, n_step=self.n_step, gamma=self.gamma,
+                                       beta=beta, layout=self.layout, rng=self._rng)
+            self._batches_sampled += 1
+            return batch
 
     def update_priorities(self, indices, priorities):
         """Feed the learner's new priorities (|TD error|) for a batch's ``indices`` back to a
@@ -616,7 +790,12 @@ REPLAY_ARGS
         ``memory_size``) and ``fill_steps`` (0 when a resumed memory needed no fill); and totals
         since the start (not reset by :meth:`reset_stats`): ``episodes_total`` (episodes
         finished), ``episodes_started_total`` and ``restart_starts`` (episodes started from a
-        restart point, see :class:`~expreplay.episodes.RestartPool`).
+        restart point, see :class:`~expreplay.episodes.RestartPool`); ``batches_drawn``,
+        ``samples_per_insert`` (measured: sampled transitions per transition inserted since
+        the fill, whatever the player; None before one), ``step_requests`` (made since the
+        fill); with a prefetcher ``prefetch_ready`` (batches ready now), ``prefetch_waits``
+        (``next()`` calls that found none ready and waited) and ``prefetch_wait_time``
+        (seconds they waited, summed).
         """
         population = self._population
         out = dict(population.stats()) if population is not None else {}
@@ -635,9 +814,16 @@ REPLAY_ARGS
         out['fill_steps'] = self.fill_steps
         if self.prioritized:
             out['stale_priority_updates'] = self.memory.stale_priority_updates
-        if self.rate_limiter is not None:
-            limits = self.rate_limiter.stats()
-            out['samples_per_insert'] = limits['samples'] / max(1, limits['inserts'])
+        pacer = self._pacer
+        if pacer is not None:
+            out['batches_drawn'] = pacer.batches
+            out['samples_per_insert'] = pacer.measured_samples_per_insert()
+            out['step_requests'] = pacer.requests
+        prefetcher = self._prefetcher
+        if prefetcher is not None:
+            out['prefetch_ready'] = prefetcher.ready()
+            out['prefetch_waits'] = prefetcher.waits
+            out['prefetch_wait_time'] = prefetcher.wait_time
         return out
 
     def reset_stats(self):

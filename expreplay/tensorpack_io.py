@@ -61,7 +61,7 @@ except ImportError as err:
     raise extra_import_error('ExpReplay', 'tensorpack', err) from err
 
 from ._checks import check_int  # noqa: E402
-from .stream import REPLAY_ARGS_DOC, ReplayStream  # noqa: E402
+from .stream import DEFAULT_PREFETCH, REPLAY_ARGS_DOC, ReplayStream  # noqa: E402
 
 __all__ = ['ExpReplay']
 
@@ -97,9 +97,10 @@ class ExpReplay(DataFlow, Callback):
 
     Arguments are those of tensorpack's ``examples/DeepQNetwork/expreplay.py``, plus keyword
     arguments with defaults. As a **DataFlow** it yields ``[comb_state, action, reward, isOver]``
-    batches forever, once the memory holds ``init_memory_size`` transitions, and after each batch
-    it requests ``update_frequency`` environment steps: ``batch_size`` sampled transitions per
-    ``update_frequency`` inserted ones (see :mod:`expreplay.stream` for the exact bound). It is
+    batches forever, once the memory holds ``init_memory_size`` transitions, and per batch it
+    has ``update_frequency`` transitions inserted: ``batch_size`` sampled transitions per
+    ``update_frequency`` inserted ones, whatever the player (see :mod:`expreplay.stream` for
+    the exact bound; its prefetch thread draws the batches ahead, ``prefetch``). It is
     not fork-safe: use it with ``QueueInput`` or ``FeedInput``, not a multiprocess prefetcher.
 
     As a **Callback** it takes its predictor from the trainer (``_setup_graph``), builds
@@ -123,7 +124,7 @@ class ExpReplay(DataFlow, Callback):
         batch_size (int): transitions per batch.
         memory_size (int): transitions kept in the replay memory.
         init_memory_size (int): transitions in the memory before training starts.
-        update_frequency (int): environment steps requested after each batch.
+        update_frequency (int): transitions inserted per batch (whatever the player).
         history_len (int): frames per state.
         state_dtype: numpy dtype of the stored frames.
         maximum_staleness (int): step requests that may be pending; ``2 * update_frequency``
@@ -177,7 +178,7 @@ REPLAY_ARGS
                  runner_kwargs=None, manager_kwargs=None, episode_starts=None,
                  episode_log_dir=None, on_episode_end=None, n_step=1, gamma=0.99,
                  prioritized=False, alpha=0.6, priority_eps=1e-6, beta=None,
-                 samples_per_insert=None):
+                 samples_per_insert=None, prefetch=DEFAULT_PREFETCH):
         if callable(predictor_io_names):
             predictor, self.predictor_io_names = predictor_io_names, None
         else:
@@ -205,7 +206,7 @@ REPLAY_ARGS
             episode_starts=episode_starts, on_episode_end=on_episode_end,
             episode_log_dir=episode_log_dir or None, n_step=n_step, gamma=gamma,
             prioritized=prioritized, alpha=alpha, priority_eps=priority_eps, beta=beta,
-            samples_per_insert=samples_per_insert)
+            samples_per_insert=samples_per_insert, prefetch=prefetch)
         # None: follow tensorpack's log directory, which scripts usually set after building
         # the dataflow, so it is read in _before_train.
         self._episode_log_follows_logger = episode_log_dir is None
@@ -344,4 +345,4 @@ _STREAM_ATTRIBUTES = frozenset([
     'init_memory_size', 'update_frequency', 'history_len', 'state_dtype', 'maximum_staleness',
     'seed', 'layout', 'checkpoint', 'episode_starts', 'episode_log', 'episode_totals',
     'n_step', 'gamma', 'prioritized', 'beta', 'samples_per_insert', 'rate_limiter',
-    'named_batches'])
+    'named_batches', 'prefetch'])

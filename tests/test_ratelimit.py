@@ -222,3 +222,18 @@ def test_concurrent_actors_and_learners_keep_the_ratio():
     assert lim.inserts == 3000
     # The learners sampled all the ratio allowed: within one batch of the band's low end.
     assert lim.min_diff <= lim._diff() < lim.min_diff + 8
+
+
+@pytest.mark.parametrize('spi,min_size,buffer,n', [
+    (2.0, 3, 4.0, 1), (16.0, 1, 40.0, 64), (0.5, 10, 20.0, 16), (2.5, 2, 9.0, 7)])
+def test_inserts_to_sample_is_exactly_what_admits_the_sample(spi, min_size, buffer, n):
+    lim = SampleToInsertRatio(spi, min_size, buffer, sample_size=n)
+    for _ in range(40):
+        need = lim.inserts_to_sample(n)
+        for _ in range(max(0, need - 1)):
+            assert lim.try_insert(1)
+            assert not lim.can_sample(n)           # one insert short: still refused
+        if need:
+            assert lim.try_insert(1)
+        assert lim.inserts_to_sample(n) == 0
+        assert lim.try_sample(n)                   # exactly enough

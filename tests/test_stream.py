@@ -2,7 +2,8 @@
 
 Every batch is checked end to end against the scripted envs' logs, the sampled:inserted ratio is
 checked exactly, and shutdown is checked to leave no thread behind. No sleeps: threads are
-synchronised with events and joins.
+synchronised with events and joins. The tests that take the ``prefetch`` fixture run with the
+prefetch thread off (0, batches drawn in ``next()``) and on (the default depth).
 """
 
 import os
@@ -15,11 +16,16 @@ import pytest
 
 from expreplay import ReplayMemory
 from expreplay.runner import RunnerError
-from expreplay.stream import PredictorSlot, ReplayStream
+from expreplay.stream import DEFAULT_PREFETCH, PredictorSlot, ReplayStream
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, check_batch, decode
 
 HISTORY = 3
-OUR_THREADS = ('SimulatorThread', 'InferenceThread')
+OUR_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch')
+
+
+@pytest.fixture(params=[0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+def prefetch(request):
+    return request.param
 
 
 class EnvFactory:
@@ -66,9 +72,10 @@ def take(iterator, n):
 
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
 @pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
-def test_batches_are_right_end_to_end(layout, env_cls):
+def test_batches_are_right_end_to_end(layout, env_cls, prefetch):
     factory = EnvFactory(env_cls, episode_lengths=(7, 2, 12), ends=('terminated', 'truncated'))
-    with make_stream(factory, prefer(1), layout=layout, exploration=0.5) as stream:
+    with make_stream(factory, prefer(1), layout=layout, exploration=0.5,
+                     prefetch=prefetch) as stream:
         assert len(stream.memory) == 0
         batches = take(iter(stream), 60)
         assert len(stream.memory) >= 100
@@ -83,33 +90,68 @@ def test_batches_are_right_end_to_end(layout, env_cls):
     assert our_threads() == []
 
 
+class DrawLog(ReplayMemory):
+    """A memory that records, at every batch drawn, the steps written and the step requests
+    the stream had made (read in the drawing thread, at the moment of the draw)."""
+
+    stream = None
+
+    def _record(self):
+        stream = self.stream
+        self.draws.append((self.num_steps_written,
+                           stream.fill_steps + stream._pacer.requests, len(self.draws) + 1))
+
+    def sample_batch(self, *args, **kwargs):
+        self._record()
+        return super().sample_batch(*args, **kwargs)
+
+    def sample(self, *args, **kwargs):
+        self._record()
+        return super().sample(*args, **kwargs)
+
+
+def draw_logged_stream(factory, **kwargs):
+    memory = DrawLog(kwargs.pop('memory_size', 600), (6,), HISTORY,
+                     prioritized=kwargs.get('prioritized', False))
+    memory.draws = []
+    stream = make_stream(factory, memory=memory, memory_size=memory.max_size, **kwargs)
+    memory.stream = stream
+    return stream, memory
+
+
 @pytest.mark.parametrize('players', [1, 3])
-def test_sampled_to_inserted_ratio(players):
-    """When batch k is handed out, exactly fill_steps + (k-1)*update_frequency step requests
-    were made, and all but at most maximum_staleness of them are in the memory."""
+def test_sampled_to_inserted_ratio(players, prefetch):
+    """When batch k is drawn, exactly fill_steps + (k-1)*update_frequency step requests were
+    made, and all but at most maximum_staleness of them are in the memory; batch k is handed
+    out at most ``prefetch`` batches after it was drawn."""
     factory = EnvFactory()
-    stream = make_stream(factory, num_parallel_players=players, update_frequency=4,
-                         maximum_staleness=5, init_memory_size=50)
+    stream, memory = draw_logged_stream(factory, num_parallel_players=players,
+                                        update_frequency=4, maximum_staleness=5,
+                                        init_memory_size=50, prefetch=prefetch)
     with stream:
-        written = []
         for k, _ in enumerate(stream, start=1):
-            written.append((k, stream.memory.num_steps_written))
+            drawn = stream.stats()['batches_drawn']
+            assert k <= drawn <= k + prefetch, (k, drawn)
             if k == 200:
                 break
     fill = stream.fill_steps
     assert fill >= 50
-    for k, steps in written:
-        requested = fill + (k - 1) * 4
-        assert requested - 5 <= steps <= requested, (k, steps, requested)
+    assert len(memory.draws) >= 200
+    for steps, requests, k in memory.draws:
+        assert requests == fill + (k - 1) * 4, (k, requests)
+        assert requests - 5 <= steps <= requests, (k, steps, requests)
         if players == 1:   # one runner runs inline: every request is executed at once
-            assert steps == requested
+            assert steps == requests
+    stats = stream.stats()
+    inserted = memory.num_steps_written - fill
+    assert stats['samples_per_insert'] == pytest.approx(16 * stats['batches_drawn'] / inserted)
 
 
-def test_exploration_and_predictor_updates_reach_the_runners():
+def test_exploration_and_predictor_updates_reach_the_runners(prefetch):
     factory = EnvFactory(episode_lengths=(1000,))
     first = prefer(2)
     with make_stream(factory, first, exploration=1.0, num_parallel_players=2,
-                     maximum_staleness=8) as stream:
+                     maximum_staleness=8, prefetch=prefetch) as stream:
         batches = iter(stream)
         take(batches, 20)
         assert first.rows == 0                # exploration 1: not a single greedy action
@@ -130,16 +172,18 @@ def test_exploration_and_predictor_updates_reach_the_runners():
         assert stats['greedy_fraction'] >= 0.9   # window edges: a step predicted before the reset
     # Which env took which request depends on thread scheduling, so count over all envs:
     # every step after the switch acted greedily with the second predictor (action 1),
-    # except at most maximum_staleness requests accepted before it.
+    # except at most maximum_staleness requests accepted before it. The prefetch thread had
+    # made the requests of up to `prefetch` batches before the switch.
     after = [rec[0] for key, env in factory.envs.items()
              for k, rec in env.transitions.items() if k not in before.get(key, ())]
-    assert len(after) >= 30 * 4 - 8
+    assert len(after) >= (30 - prefetch) * 4 - 8
     assert sum(a != 1 for a in after) <= 8, after
 
 
-def test_close_from_another_thread_ends_the_iteration():
+def test_close_from_another_thread_ends_the_iteration(prefetch):
     factory = EnvFactory()
-    stream = make_stream(factory, prefer(0), exploration=0.5, num_parallel_players=3)
+    stream = make_stream(factory, prefer(0), exploration=0.5, num_parallel_players=3,
+                         prefetch=prefetch)
     got_some = threading.Event()
     outcome = {}
 
@@ -182,9 +226,11 @@ def test_checkpoint_resumes_without_refilling(tmp_path):
         make_stream(EnvFactory(), checkpoint_dir=tmp_path, history_len=HISTORY + 1)
 
 
-def test_a_failing_env_surfaces_from_the_iteration():
+@pytest.mark.parametrize('players', [1, 2])
+def test_a_failing_env_surfaces_from_the_iteration(players, prefetch):
     factory = EnvFactory(fail_at_step=80)
-    stream = make_stream(factory, num_parallel_players=2, init_memory_size=50)
+    stream = make_stream(factory, num_parallel_players=players, init_memory_size=50,
+                         prefetch=prefetch)
     with pytest.raises(RunnerError) as info:
         with stream:
             for _ in stream:
@@ -249,7 +295,7 @@ def test_numpy_example_runs():
     assert lines[0].startswith('update     0') and lines[-1].startswith('update   100'), out.stdout
 
 
-def test_vector_env_players_insert_num_envs_per_request():
+def test_vector_env_players_insert_update_frequency_per_batch(prefetch):
     from gymnasium.vector import AutoresetMode, SyncVectorEnv
     envs = {}
 
@@ -268,16 +314,23 @@ def test_vector_env_players_insert_num_envs_per_request():
         return made[-1]
 
     stream = make_stream(get_player, prefer(2), num_parallel_players=1, exploration=0.3,
-                         init_memory_size=60)
+                         init_memory_size=60, prefetch=prefetch)
     with stream:
+        written_after_fill = stream.start() or stream.memory.num_steps_written
         for k, batch in enumerate(stream, start=1):
             check_batch(batch, envs, HISTORY)
-            if k == 30:
-                steps = stream.memory.num_steps_written
+            if k == 120:
                 break
-    # One runner (inline): every request steps its 3 sub-envs; an autoreset step stores nothing.
-    requests = stream.fill_steps + 29 * 4
-    assert 3 * requests * 0.75 <= steps <= 3 * requests
+        drawn = stream.stats()['batches_drawn']
+        steps = stream.memory.num_steps_written - written_after_fill
+        measured = stream.stats()['samples_per_insert']
+    # update_frequency counts inserted transitions: 4 per batch, although a request steps 3
+    # sub-envs and an autoreset row stores nothing. One runner runs inline: what the
+    # requests made before the last draw inserted is in the memory, short of the target by
+    # less than one request (3 steps).
+    assert 4 * (drawn - 1) <= steps < 4 * (drawn - 1) + 3
+    assert measured == pytest.approx(16 * drawn / steps)
+    assert measured == pytest.approx(16 / 4, rel=0.05)
 
 
 @pytest.mark.parametrize('manager_kwargs,pipelined,threads', [
@@ -288,7 +341,7 @@ def test_vector_env_players_insert_num_envs_per_request():
 def test_several_single_env_players_default_to_one_pipelined_thread(manager_kwargs, pipelined, threads):
     factory = EnvFactory()
     stream = make_stream(factory, prefer(1), num_parallel_players=3, exploration=0.5,
-                         manager_kwargs=manager_kwargs)
+                         manager_kwargs=manager_kwargs, prefetch=0)
     with stream:
         for k, batch in enumerate(stream, start=1):
             check_batch(batch, factory.envs, HISTORY)
@@ -311,4 +364,107 @@ def test_vector_env_players_get_a_thread_each():
     with stream:
         take(iter(stream), 5)
         assert not stream._population.manager.pipelined
-        assert sorted(our_threads()) == ['InferenceThread', 'SimulatorThread-0', 'SimulatorThread-1']
+        assert sorted(our_threads()) == ['InferenceThread', 'ReplayStream-prefetch',
+                                         'SimulatorThread-0', 'SimulatorThread-1']
+    assert our_threads() == []
+
+
+# ---------------------------------------------------------------------- arguments checked early
+@pytest.mark.parametrize('kwargs,error,words', [
+    (dict(prioritized='no'), TypeError, 'prioritized'),
+    (dict(prioritized=1), TypeError, 'prioritized'),
+    (dict(runner_kwargs=3), TypeError, 'runner_kwargs'),
+    (dict(runner_kwargs={'life_loss_terminals': True}), TypeError, "runner_kwargs.*'life_loss_terminals'"),
+    (dict(runner_kwargs={'memory': None}), TypeError, "runner_kwargs.*'memory'"),
+    (dict(manager_kwargs=[('max_restarts', 1)]), TypeError, 'manager_kwargs'),
+    (dict(manager_kwargs={'max_restart': 1}), TypeError, "manager_kwargs.*'max_restart'"),
+    (dict(memory=ReplayMemory(600, (7,), HISTORY)), ValueError, 'state_shape'),
+    (dict(memory=ReplayMemory(600, (6,), HISTORY + 1)), ValueError, 'history_len'),
+    (dict(memory=ReplayMemory(600, (6,), HISTORY, 'float32')), ValueError, 'state_dtype'),
+    (dict(memory=ReplayMemory(700, (6,), HISTORY)), ValueError, 'memory_size'),
+    (dict(memory='a memory'), TypeError, 'memory'),
+    (dict(prefetch=-1), ValueError, 'prefetch'),
+    (dict(prefetch=1.5), (TypeError, ValueError), 'prefetch'),
+])
+def test_bad_stream_arguments_fail_at_construction_naming_the_argument(kwargs, error, words):
+    factory = EnvFactory()
+    with pytest.raises(error, match=words):
+        make_stream(factory, **kwargs)
+    assert factory.envs == {}        # refused before any player was built
+
+
+def test_good_runner_and_manager_kwargs_still_reach_them():
+    stream = make_stream(EnvFactory(lives=3, life_every=4), prefer(1),
+                         runner_kwargs={'life_loss_terminal': True},
+                         manager_kwargs={'max_restarts': 2, 'max_inference_batch': 8})
+    with stream:
+        take(iter(stream), 3)
+        manager = stream._population.manager
+        assert manager.max_restarts == 2
+        assert all(r.life_loss_terminal for r in stream._population.runners)
+
+
+# ---------------------------------------------------------------------- the ratio, per player
+def _ratio_run(get_player, prefetch, batches=150, num_actions=3, **kwargs):
+    stream = make_stream(get_player, prefer(1, num_actions), exploration=0.3, prefetch=prefetch,
+                         **kwargs)
+    with stream:
+        stream.start()
+        written = stream.memory.num_steps_written
+        for k, _ in enumerate(stream, start=1):
+            if k == batches:
+                break
+        stats = stream.stats()
+        inserted = stream.memory.num_steps_written - written
+    return stats, inserted
+
+
+def _scripted_vector(num_envs):
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+    counter = iter(range(200))
+
+    def get_player():
+        return SyncVectorEnv([lambda: ScriptedEnv(next(counter), episode_lengths=(3, 5))
+                              for _ in range(num_envs)], autoreset_mode=AutoresetMode.NEXT_STEP)
+    return get_player
+
+
+def _envpool(batch_size):
+    envpool = pytest.importorskip('envpool', reason='EnvPool needs Python >= 3.11 on Linux')
+
+    def get_player():
+        return envpool.make('Pong-v5', env_type='gymnasium', num_envs=4, batch_size=batch_size,
+                            img_height=84, img_width=84, gray_scale=True, stack_num=1,
+                            episodic_life=False, reward_clip=False, num_threads=1)
+    return get_player
+
+
+PLAYERS = {
+    'single': (lambda: EnvFactory(episode_lengths=(3, 5)), dict(num_parallel_players=1)),
+    'single-x3': (lambda: EnvFactory(episode_lengths=(3, 5)), dict(num_parallel_players=3)),
+    'sync-vector': (lambda: _scripted_vector(3), dict(num_parallel_players=2)),
+    'envpool-sync': (lambda: _envpool(4), dict(num_parallel_players=1, state_shape=(84, 84),
+                                               num_actions=6, seed=None)),
+    'envpool-async': (lambda: _envpool(2), dict(num_parallel_players=1, state_shape=(84, 84),
+                                                num_actions=6, seed=None)),
+}
+
+
+@pytest.mark.parametrize('player', sorted(PLAYERS))
+@pytest.mark.parametrize('schedule', ['update_frequency', 'samples_per_insert'])
+def test_measured_ratio_is_the_asked_one_for_every_player(player, schedule, prefetch):
+    """16 sampled transitions per inserted one (batch 16, update_frequency 4), counted in the
+    transitions the memory received, whatever a request to the player inserts; stats()
+    reports the measured value."""
+    make_player, kwargs = PLAYERS[player]
+    if schedule == 'update_frequency':
+        kwargs = dict(kwargs, update_frequency=4)
+    else:
+        kwargs = dict(kwargs, update_frequency=None, samples_per_insert=4.0)
+    stats, inserted = _ratio_run(make_player(), prefetch, init_memory_size=60,
+                                 maximum_staleness=4, **kwargs)
+    sampled = 16 * stats.get('batches_drawn', 150)   # without a prefetcher: the 150 taken
+    # Off by at most the requests pending at the two ends (4 of up to 4 inserts each).
+    assert abs(sampled / 4 - inserted) <= 2 * 4 * 4 + 4, (sampled, inserted)
+    assert stats['samples_per_insert'] == pytest.approx(sampled / inserted, rel=0.05)
+    assert stats['samples_per_insert'] == pytest.approx(4.0, rel=0.1)

@@ -6,8 +6,9 @@ import pytest
 
 from expreplay import ReplayMemory
 from expreplay.memory import SampleBatch
-from scripted_env import decode
-from test_stream import EnvFactory, make_stream, our_threads, prefer, take
+from scripted_env import check_batch, decode
+from test_stream import (EnvFactory, draw_logged_stream, make_stream, our_threads, prefer,  # noqa: F401
+                         prefetch, take)
 
 HISTORY = 3
 
@@ -41,10 +42,10 @@ def check_nstep_batch(batch, envs, n, gamma, layout='NHWC'):
 
 
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
-def test_n_step_stream_batches_are_right(layout):
+def test_n_step_stream_batches_are_right(layout, prefetch):
     factory = EnvFactory(episode_lengths=(7, 2, 12, 1), ends=('terminated', 'truncated'))
     with make_stream(factory, prefer(1), layout=layout, exploration=0.5, n_step=3,
-                     gamma=0.9) as stream:
+                     gamma=0.9, prefetch=prefetch) as stream:
         batches = take(iter(stream), 60)
     for batch in batches:
         assert isinstance(batch, SampleBatch)
@@ -53,7 +54,7 @@ def test_n_step_stream_batches_are_right(layout):
     assert our_threads() == []
 
 
-def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback():
+def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch):
     factory = EnvFactory(episode_lengths=(9, 4), ends=('terminated', 'truncated'))
     seen = []
 
@@ -62,7 +63,7 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback():
         return min(1.0, 0.4 + 0.01 * k)
 
     with make_stream(factory, prefer(0), exploration=0.3, prioritized=True, alpha=0.7,
-                     beta=beta, n_step=2, gamma=0.95) as stream:
+                     beta=beta, n_step=2, gamma=0.95, prefetch=prefetch) as stream:
         assert stream.memory.prioritized and stream.memory._priorities.alpha == 0.7
         batches = iter(stream)
         for _ in range(80):
@@ -71,30 +72,40 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback():
             assert np.all((batch.weights > 0) & (batch.weights <= 1 + 1e-6))
             stream.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
         stats = stream.stats()
-    assert seen == list(range(80))
+    # beta(k) is asked once per batch drawn, in order (the prefetch thread draws ahead).
+    assert seen == list(range(stats['batches_drawn']))
+    assert 80 <= stats['batches_drawn'] <= 80 + prefetch
     assert stats['stale_priority_updates'] == stream.memory.stale_priority_updates
     assert our_threads() == []
 
 
 @pytest.mark.parametrize('players,spi', [(1, 4.0), (3, 2.0), (2, 0.5)])
-def test_samples_per_insert_keeps_the_ratio(players, spi):
+def test_samples_per_insert_keeps_the_ratio(players, spi, prefetch):
     factory = EnvFactory()
-    stream = make_stream(factory, num_parallel_players=players, update_frequency=None,
-                         samples_per_insert=spi, maximum_staleness=5, init_memory_size=50)
+    stream, memory = draw_logged_stream(factory, num_parallel_players=players,
+                                        update_frequency=None, samples_per_insert=spi,
+                                        maximum_staleness=5, init_memory_size=50,
+                                        prefetch=prefetch)
     with stream:
-        for k, _ in enumerate(stream, start=1):
+        for k, batch in enumerate(stream, start=1):
+            check_batch(batch, factory.envs, HISTORY)
             lim = stream.rate_limiter
             s = lim.stats()
-            # Every batch handed out was admitted: the diff stays in the limiter's band.
+            # Every batch drawn was admitted: the diff stays in the limiter's band.
             assert lim.min_diff <= s['diff'] <= lim.max_diff
-            assert s['samples'] == 16 * k
+            drawn = stream.stats()['batches_drawn']
+            assert s['samples'] == 16 * drawn and k <= drawn <= k + prefetch
             if k == 150:
                 break
-        written = stream.memory.num_steps_written
-        requests = stream.fill_steps + lim.inserts - 1
-    # Samples per inserted (requested) transition, past the fill: the ratio, within the buffer.
-    assert abs((lim.inserts - 1) * spi - 150 * 16) <= lim.error_buffer + 16 + spi
-    assert requests - 5 <= written <= requests
+        measured = stream.stats()['samples_per_insert']
+    # At every draw, the transitions in the memory (past the fill's, of which at most
+    # maximum_staleness were pending when it ended) carry the samples drawn so far, within
+    # the limiter's buffer; and the requests did not run ahead of them by more than that.
+    slack = lim.error_buffer + 16 + spi * (5 + 1)
+    for written, _, k in memory.draws:
+        inserted = written - stream.fill_steps
+        assert abs(inserted * spi - 16 * k) <= slack, (k, inserted)
+    assert measured == pytest.approx(spi, rel=0.15)
     assert our_threads() == []
 
 

@@ -18,7 +18,7 @@ import pytest
 
 # Must come before TensorFlow: it sets TF_USE_LEGACY_KERAS=1 for tensorpack's layers.
 from expreplay import ExpReplay  # noqa: I100
-from expreplay.stream import MemoryCheckpoint
+from expreplay.stream import DEFAULT_PREFETCH, MemoryCheckpoint
 
 import tensorflow.compat.v1 as tf  # noqa: E402  (TF2 users of tensorpack write tf.compat.v1)
 from tensorpack import (FeedInput, ModelDesc, ModelSaver, ObjAttrParam, PeriodicTrigger,  # noqa: E402
@@ -33,7 +33,7 @@ from scripted_env import OldApiScriptedEnv, ScriptedEnv  # noqa: E402
 
 HISTORY = 4
 NUM_ACTIONS = 3
-OUR_THREADS = ('SimulatorThread', 'InferenceThread')
+OUR_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch')
 
 
 # ------------------------------------------------------------------------------- the model
@@ -189,13 +189,15 @@ def stderr_clean(capfd):
 
 
 # ------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize('prefetch', [0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
 @pytest.mark.parametrize('data,threads', [(QueueInput, None), (FeedInput, None), (QueueInput, 1)],
                          ids=['QueueInput', 'FeedInput', 'QueueInput-pipelined'])
-def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, data, threads):
+def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, data, threads, prefetch):
     factory = EnvFactory()
     # threads=1: both players on one simulator thread, the predictor (a tensorpack
     # OfflinePredictor) on an InferenceThread, which must enter the session's graph too.
-    expreplay = make_expreplay(factory, manager_kwargs={'simulator_threads': threads})
+    expreplay = make_expreplay(factory, manager_kwargs={'simulator_threads': threads},
+                               prefetch=prefetch)
     stats, errors, threads = train(tmp_path, simple_config(expreplay, TinyDQN((6,)), data=data))
 
     assert [s['epoch_num'] for s in stats] == [1, 2, 3]
@@ -266,12 +268,14 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, m
         make_expreplay(EnvFactory(), state_shape=(7,), checkpoint_dir=str(ckpt))
 
 
-def test_a_simulator_fault_fails_the_training(tmp_path, monkeypatch):
+@pytest.mark.parametrize('prefetch', [0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+def test_a_simulator_fault_fails_the_training(tmp_path, monkeypatch, prefetch):
     # tensorpack 0.11 logs the failure with a malformed format string ("Training failed at
     # global_step=", step); pytest >= 9.2's log capture turns that logging error into a
     # TypeError that would hide the exception under test. Let logging report it instead.
     monkeypatch.setattr(logging, 'raiseExceptions', False)
-    expreplay = make_expreplay(EnvFactory(fail_at_step=400), init_memory_size=100)
+    expreplay = make_expreplay(EnvFactory(fail_at_step=400), init_memory_size=100,
+                               prefetch=prefetch)
     with pytest.raises(RuntimeError, match='could not produce a batch') as info:
         train(tmp_path, simple_config(expreplay, TinyDQN((6,)), steps_per_epoch=200, max_epoch=5))
     assert 'scripted failure' in str(info.value.__cause__.__cause__)

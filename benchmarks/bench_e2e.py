@@ -1,0 +1,388 @@
+"""End-to-end benchmark: the updates per second a learner gets from the whole replay pipeline.
+
+A learner loop takes a batch and trains on it; what it gets per second is what the replay can
+feed it, envs, acting, inserting, sampling and the hand-over included. Two contestants, in the
+same process, their rounds interleaved (the order alternating), medians of the rounds:
+
+* ``expreplay``: ``for batch in ReplayStream(...)``, the stream's defaults (its prefetch
+  thread, ``maximum_staleness``, simulator threads) unless an option says otherwise.
+* ``original``: tensorpack's ``examples/DeepQNetwork/expreplay.py`` (``--reference PATH``;
+  its rows are skipped with a message without it). Its ``ExpReplay`` is built as tensorpack's
+  DQN example builds it and run as a tensorpack training runs it: the predictor set where
+  ``_setup_graph`` would (``trainer.get_predictor``), ``_before_train()`` (its runners,
+  ``EnvRunnerManager(runners, 2 * update_frequency)``, the initial fill), and its
+  ``__iter__`` (sample a batch, yield it, make ``update_frequency`` step requests) run by a
+  thread that puts the batches into a queue of 50, as ``QueueInput`` (the example's input)
+  does with its EnqueueThread; the learner takes them from that queue.
+
+Both: batch 64, ``update_frequency`` 4, history 4, exploration 0.1 after a fill at 1.0,
+players as ``examples/dqn_atari.py`` builds them (``examples/atari_wrappers.make_env``: ALE
+Pong, frameskip 4 with max-pooling, grayscale 84x84, no-op starts; the original gets the old
+gym API it was written for).
+
+Cases:
+
+* ``a8``, ``a16``: the users' GPU machine, simulated on the CPU: 8 or 16 players, a predictor
+  taking 0.3 ms + 0.01 ms per state and a learner taking 1 ms per batch, both without the GIL
+  (``time.sleep`` releases it, as waiting for a GPU does), random Q-values. Reported: updates/s,
+  the fraction of the learner's own speed (1000/s; its measured speed alone, a 1 ms sleep
+  loop, is printed beside it) and the ratio to the original.
+* ``b8``: the CPU machine: the Nature-DQN CNN (``bench_population.make_cnn``: TensorFlow on
+  the CPU, default threading) as the predictor, 8 players, the learner 1 ms per batch.
+
+``--ceiling`` also measures, in the same run, what the machine allows: CPU ms per env step
+(and how much of it is the emulator's ``ale.act``, which releases the GIL, the rest being
+the Python wrappers, opencv and the other ALE calls, counted as holding it), CPU ms per ``sample_batch(64)``, and the bounds these give
+for ``update_frequency`` 4: ``cores / (4 env + sample)`` updates/s for the CPU and ``1 /
+(4 GIL-held env + sample)`` for one interpreter's GIL.
+
+Usage::
+
+    python benchmarks/bench_e2e.py --reference PATH/tensorpack_expreplay.py [--cases a8 a16 b8]
+        [--rounds 3] [--seconds 5] [--prefetch N] [--ceiling]
+
+Each case runs in a subprocess of its own (the original's threads never stop; a process that
+exits frees them and its memory).
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path[:0] = [ROOT, os.path.join(ROOT, 'examples'), HERE]
+
+HISTORY = 4
+FRAME = (84, 84)
+BATCH = 64
+UPDATE_FREQUENCY = 4
+LEARNER_SECONDS = 1e-3
+CASES = {'a8': ('offcpu', 8), 'a16': ('offcpu', 16), 'b8': ('cnn', 8)}
+TARGETS = {'a8': ('of_learner', 0.9, 3.0), 'a16': ('of_learner', 0.9, 3.0), 'b8': (None, None, 2.5)}
+
+
+# ---------------------------------------------------------------------------- the parts
+def learner(batch):
+    """A training step that takes 1 ms without the GIL (a GPU's, as the host sees it)."""
+    time.sleep(LEARNER_SECONDS)
+
+
+def off_cpu_predictor(seed=0):
+    """0.3 ms + 0.01 ms per state without the GIL, random Q-values: ``[q]``."""
+    rng = np.random.default_rng(seed)
+
+    def predictor(states):
+        time.sleep(3e-4 + 1e-5 * len(states))
+        return [rng.random((len(states), 6), dtype=np.float32)]
+    return predictor
+
+
+def make_predictor(kind):
+    if kind == 'offcpu':
+        return off_cpu_predictor()
+    from bench_population import make_cnn
+    return make_cnn()
+
+
+def pong():
+    from atari_wrappers import make_env
+    return make_env('ALE/Pong-v5', sticky=0.25, max_episode_steps=None)
+
+
+class OldGymPong:
+    """Pong with the old gym API (``reset() -> obs``, 4-tuple ``step``), for the original."""
+
+    def __init__(self):
+        self.env = pong()
+        self.action_space = self.env.action_space
+
+    def reset(self):
+        return self.env.reset()[0]
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated or truncated, info
+
+
+def load_reference(path):
+    spec = importlib.util.spec_from_file_location('tensorpack_expreplay', path)
+    ref = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ref)
+    ref.ShareSessionThread = lambda t: t     # no TF session outside a trainer
+    return ref
+
+
+# ---------------------------------------------------------------------------- contestants
+class Ours:
+    """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
+
+    def __init__(self, players, predictor, args, variant=None):
+        from expreplay import ReplayStream
+        settings = dict(prefetch=args.prefetch, maximum_staleness=args.staleness,
+                        simulator_threads=args.simulator_threads)
+        self.label = 'expreplay'
+        if variant:
+            name, value = variant.split('=')
+            settings[name] = int(value)
+            self.label = f'expreplay[{variant}]'
+        kwargs = {k: v for k, v in settings.items() if v is not None and k != 'simulator_threads'}
+        if settings['simulator_threads'] is not None:
+            kwargs['manager_kwargs'] = {'simulator_threads': settings['simulator_threads']}
+        self.stream = ReplayStream(predictor, pong, players, FRAME, BATCH, args.memory_size,
+                                   args.init_memory_size, UPDATE_FREQUENCY, HISTORY,
+                                   progress=False, seed=0, **kwargs)
+        self.stream.start()
+        self.stream.exploration = 0.1
+        self.batches = iter(self.stream)
+
+    def next(self):
+        return next(self.batches)
+
+    def describe(self):
+        s = self.stream.stats()
+        return (f"samples_per_insert {s.get('samples_per_insert') or 0:.2f}, learner waited "
+                f"{s.get('prefetch_waits', 0)} times, {s.get('prefetch_wait_time', 0.0):.2f} s")
+
+
+class Original:
+    label = 'original'
+
+    def __init__(self, ref, players, predictor, args):
+        exp = ref.ExpReplay(None, OldGymPong, players, FRAME, BATCH, args.memory_size,
+                            args.init_memory_size, UPDATE_FREQUENCY, HISTORY)
+        exp.predictor = predictor          # what _setup_graph takes from the trainer
+        exp._before_train()                # runners, EnvRunnerManager, the initial fill
+        exp.exploration = 0.1
+        self.queue = queue.Queue(maxsize=50)   # QueueInput's default capacity
+        self._thread = threading.Thread(target=self._enqueue, args=(exp,), daemon=True,
+                                        name='EnqueueThread')
+        self._thread.start()
+
+    def _enqueue(self, exp):
+        for batch in exp.__iter__():
+            self.queue.put(batch)
+
+    def next(self):
+        return self.queue.get()
+
+    def describe(self):
+        return f"queue {self.queue.qsize()}/50"
+
+
+def measure(contestant, warmup, seconds):
+    """``(updates/s, CPU ms per update)`` of a learner loop over ``seconds``, after ``warmup``
+    seconds of the same. The CPU is the whole process's (every thread; the other
+    contestant's threads are idle meanwhile, their queues full): what one update costs the
+    machine, less sensitive to other processes' load than the rate."""
+    deadline = time.perf_counter() + warmup
+    while time.perf_counter() < deadline:
+        learner(contestant.next())
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        learner(contestant.next())
+        n += 1
+    return n / (time.perf_counter() - t0), (time.process_time() - c0) / max(n, 1) * 1e3
+
+
+def learner_alone(seconds):
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        learner(None)
+        n += 1
+    return n / (time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------------------- the ceiling
+def cpu_ms_per_env_step(steps=2000):
+    """(CPU ms per Pong step, of which ms inside ``ale.act``), one env, random actions."""
+    env = pong()
+    atari = env.unwrapped              # gymnasium's AtariEnv: its step() calls self.ale.act
+    ale, in_act = atari.ale, [0.0]
+
+    class TimedAle:        # ale.act releases the GIL: time it apart from the Python around it
+        def __getattr__(self, name):
+            return getattr(ale, name)
+
+        def act(self, *a):
+            t = time.thread_time()
+            out = ale.act(*a)
+            in_act[0] += time.thread_time() - t
+            return out
+
+    atari.ale = TimedAle()
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    c0 = time.thread_time()
+    for _ in range(steps):
+        _, _, term, trunc, _ = env.step(int(rng.integers(6)))
+        if term or trunc:
+            env.reset()
+    total = (time.thread_time() - c0) / steps * 1e3
+    return total, in_act[0] / steps * 1e3
+
+
+def cpu_ms_per_sample(memory, reps=300):
+    rng = np.random.default_rng(0)
+    memory.sample_batch(BATCH, rng=rng)
+    c0 = time.thread_time()
+    for _ in range(reps):
+        memory.sample_batch(BATCH, rng=rng)
+    return (time.thread_time() - c0) / reps * 1e3
+
+
+# ---------------------------------------------------------------------------- one case
+def run_case(args):
+    kind, players = CASES[args.case]
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    ref = load_reference(args.reference) if args.reference else None
+    predictor = make_predictor(kind)
+    contestants = [Ours(players, predictor, args)]
+    contestants += [Ours(players, predictor, args, variant) for variant in args.compare]
+    if ref is not None:
+        contestants.append(Original(ref, players, predictor, args))
+    out = {'case': args.case, 'rates': {c.label: [] for c in contestants},
+           'cpu_ms': {c.label: [] for c in contestants}, 'learner_alone': []}
+    for r in range(args.rounds):
+        out['learner_alone'].append(learner_alone(min(1.0, args.seconds)))
+        for c in (contestants if r % 2 == 0 else contestants[::-1]):
+            rate, cpu = measure(c, args.warmup, args.seconds)
+            out['rates'][c.label].append(rate)
+            out['cpu_ms'][c.label].append(cpu)
+        print(f"  {args.case} round {r + 1}: " + ", ".join(
+            f"{c.label} {out['rates'][c.label][-1]:.0f}/s, {out['cpu_ms'][c.label][-1]:.2f} CPU ms "
+            f"per update ({c.describe()})" for c in contestants)
+            + f"; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    if args.ceiling:
+        contestants[0].stream.close(save=False)      # the ceiling is measured on an idle pipeline
+        env_ms, act_ms = cpu_ms_per_env_step()
+        sample_ms = cpu_ms_per_sample(contestants[0].stream.memory)
+        out['ceiling'] = dict(env_ms=env_ms, act_ms=act_ms, sample_ms=sample_ms,
+                              cores=os.cpu_count())
+    print(json.dumps(out), flush=True)
+    os._exit(0)      # the original's threads never stop
+
+
+# ---------------------------------------------------------------------------- the report
+def med(xs):
+    return float(np.median(xs)) if len(xs) else float('nan')
+
+
+def report(results, args):
+    print(f"\nupdates/s a learner gets (batch {BATCH}, update_frequency {UPDATE_FREQUENCY}, "
+          f"learner {LEARNER_SECONDS * 1e3:g} ms/batch); medians of {args.rounds} interleaved "
+          f"rounds of {args.seconds:g} s; load now {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print("| case | players | predictor | expreplay updates/s | of the learner's 1000/s "
+          "| of its measured speed alone | original updates/s | ratio (median of rounds) | target |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for case, res in results.items():
+        kind, players = CASES[case]
+        ours = np.array(res['rates']['expreplay'])
+        alone = med(res['learner_alone'])
+        orig = np.array(res['rates'].get('original', []))
+        ratio = med(ours / orig) if len(orig) else float('nan')
+        want_fraction = TARGETS[case][1]
+        want_ratio = TARGETS[case][2]
+        met = []
+        if want_fraction is not None:
+            met.append(med(ours) / 1000.0 >= want_fraction)
+        if len(orig):
+            met.append(ratio >= want_ratio)
+        ok &= all(met)
+        target = ', '.join(x for x in (
+            f">= {want_fraction} of 1000/s" if want_fraction else '',
+            f">= {want_ratio}x the original" if len(orig) else '') if x)
+        print(f"| {case} | {players} | {'off-CPU 0.3+0.01n ms' if kind == 'offcpu' else 'CNN on the CPU'} "
+              f"| {med(ours):.0f} | {med(ours) / 1000:.2f} | {med(ours) / alone:.2f} (alone {alone:.0f}/s) "
+              f"| {f'{med(orig):.0f}' if len(orig) else 'skipped'} | {ratio:.2f} | {target}: "
+              f"{'met' if all(met) else 'NOT met'} |")
+        for label, rates in res['rates'].items():
+            if label.startswith('expreplay['):
+                print(f"    {label} ({case}): {med(rates):.0f} updates/s, "
+                      f"{med(np.array(rates) / ours):.2f}x the defaults (median of rounds)")
+        cpu = {label: med(v) for label, v in res['cpu_ms'].items()}
+        print(f"    CPU ms per update ({case}, all threads): " + ", ".join(
+            f"{label} {v:.2f} (2-core bound {os.cpu_count() * 1e3 / v:.0f} updates/s)"
+            for label, v in cpu.items()))
+        ceiling = res.get('ceiling')
+        if ceiling:
+            env, act, sample, cores = (ceiling['env_ms'], ceiling['act_ms'], ceiling['sample_ms'],
+                                       ceiling['cores'])
+            held = env - act
+            cpu_bound = cores / (UPDATE_FREQUENCY * env + sample) * 1e3
+            gil_bound = 1.0 / (UPDATE_FREQUENCY * held + sample) * 1e3
+            print(f"    ceiling ({case}): env step {env:.3f} CPU ms ({act:.3f} in ale.act without "
+                  f"the GIL, {held:.3f} Python/opencv with it), sample_batch(64) {sample:.3f} ms: "
+                  f"CPU bound {cpu_bound:.0f} updates/s, GIL bound {gil_bound:.0f} updates/s")
+    if not args.reference:
+        print("\nthe original's rows were skipped: give --reference PATH to tensorpack's "
+              "examples/DeepQNetwork/expreplay.py")
+    return ok
+
+
+def _worker_args(args):
+    """The options of this run, for a worker process."""
+    out = ['--rounds', str(args.rounds), '--seconds', str(args.seconds), '--warmup',
+           str(args.warmup), '--memory-size', str(args.memory_size), '--init-memory-size',
+           str(args.init_memory_size)]
+    for option in ('reference', 'prefetch', 'staleness', 'simulator_threads', 'switch_interval'):
+        value = getattr(args, option)
+        if value is not None:
+            out += ['--' + option.replace('_', '-'), str(value)]
+    if args.compare:
+        out += ['--compare'] + args.compare
+    if args.ceiling:
+        out.append('--ceiling')
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--reference', help="tensorpack's examples/DeepQNetwork/expreplay.py "
+                    "(without it the original's rows are skipped)")
+    ap.add_argument('--cases', nargs='+', default=list(CASES), choices=list(CASES))
+    ap.add_argument('--rounds', type=int, default=3)
+    ap.add_argument('--seconds', type=float, default=5.0, help="measured seconds per round")
+    ap.add_argument('--warmup', type=float, default=1.0, help="seconds before each measure")
+    ap.add_argument('--memory-size', type=int, default=50_000)
+    ap.add_argument('--init-memory-size', type=int, default=5_000)
+    ap.add_argument('--prefetch', type=int, help="expreplay's prefetch depth (default: the stream's)")
+    ap.add_argument('--staleness', type=int, help="expreplay's maximum_staleness (default: the stream's)")
+    ap.add_argument('--simulator-threads', type=int, help="expreplay's simulator threads")
+    ap.add_argument('--compare', nargs='*', default=[], metavar='SETTING=N',
+                    help="more expreplay contestants in the same rounds, each with one setting "
+                    "changed: prefetch=N, maximum_staleness=N or simulator_threads=N")
+    ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
+                    "contestants (seconds; Python's default is 0.005)")
+    ap.add_argument('--ceiling', action='store_true', help="also measure the machine's ceiling")
+    ap.add_argument('--case', choices=list(CASES), help=argparse.SUPPRESS)   # a worker's case
+    args = ap.parse_args()
+    if args.rounds < 3:
+        ap.error("--rounds must be >= 3 (medians of at least 3 rounds)")
+    if args.case:
+        return run_case(args)
+    if not args.reference:
+        print("no --reference given: the original's rows are skipped", file=sys.stderr)
+    results = {}
+    for case in args.cases:
+        cmd = [sys.executable, os.path.abspath(__file__), '--case', case] + _worker_args(args)
+        print(f"case {case} ...", file=sys.stderr, flush=True)
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+        results[case] = json.loads(out.stdout.strip().splitlines()[-1])
+    ok = report(results, args)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,152 @@
+"""Prefetcher: items made ahead by a thread of its own, handed out from a bounded buffer.
+
+One job: run ``produce()`` in a thread, keep at most ``depth`` of its results ready, hand them
+out in order, and stop cleanly. It knows nothing about replay; :class:`expreplay.ReplayStream`
+uses it to draw batches (and make the step requests that go with them) while the learner
+trains on the previous ones.
+
+Rules:
+
+- The thread calls ``produce()`` only when the buffer has room, so at most ``depth`` results
+  exist that were not handed out (none is held back waiting for room).
+- An exception raised by ``produce()`` stops the thread; :meth:`get` raises that exception
+  object itself at its next call (the results still buffered are dropped), with its
+  traceback from the producing thread and a note naming it; its ``__cause__`` stays as
+  ``produce`` chained it.
+- :meth:`stop` makes every :meth:`get`, also one blocked waiting, return :attr:`END`; the
+  thread ends at once if it is waiting for room, else when its current ``produce()`` returns
+  (what it produced then is dropped). :meth:`join` waits for it. An exception that
+  ``produce()`` raises after :meth:`stop` is a consequence of the shutdown and is not kept.
+"""
+
+import collections
+import contextlib
+import threading
+import time
+
+from ._checks import check_int
+
+__all__ = ['Prefetcher']
+
+
+class Prefetcher:
+    """Run ``produce()`` ahead in a thread named ``name``, keeping up to ``depth`` results.
+
+    Args:
+        produce (callable): called with no arguments from the prefetch thread, over and over.
+        depth (int): results kept ready (>= 1).
+        name (str): the thread's name.
+        thread_context (callable, optional): returns a context manager the thread enters
+            before its first ``produce()`` (e.g. a TF1 session's ``as_default``).
+
+    Attributes:
+        produced (int): results produced and buffered so far.
+        handed_out (int): results :meth:`get` returned so far.
+        waits (int): :meth:`get` calls that found the buffer empty and waited.
+        wait_time (float): seconds those calls waited, summed.
+    """
+
+    END = object()   # what get() returns once stopped
+
+    def __init__(self, produce, depth, *, name='Prefetcher', thread_context=None):
+        if not callable(produce):
+            raise TypeError(f"produce must be callable, got {produce!r}")
+        self.depth = check_int(depth, 'depth', 1)
+        self._produce = produce
+        self._thread_context = thread_context or contextlib.nullcontext
+        self._items = collections.deque()
+        self._cond = threading.Condition(threading.Lock())
+        self._stopped = False
+        self._error = None
+        self._error_raised = False
+        self.consumers_waiting = 0
+        self.produced = 0
+        self.handed_out = 0
+        self.waits = 0
+        self.wait_time = 0.0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def name(self):
+        return self._thread.name
+
+    def ready(self):
+        """Results buffered now."""
+        return len(self._items)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self):
+        cond = self._cond
+        try:
+            with self._thread_context():
+                while True:
+                    with cond:
+                        while len(self._items) >= self.depth and not self._stopped:
+                            cond.wait()
+                        if self._stopped:
+                            return
+                    item = self._produce()
+                    with cond:
+                        if self._stopped:
+                            return
+                        self._items.append(item)
+                        self.produced += 1
+                        cond.notify_all()
+        except BaseException as err:
+            with cond:
+                if not self._stopped:
+                    err.add_note(f"(raised in the thread {self.name!r}, which works ahead of the "
+                                 "consumer)")
+                    self._error = err
+                cond.notify_all()
+
+    # ------------------------------------------------------------------ the consumer
+    def get(self):
+        """The next result, waiting for it if none is ready; :attr:`END` once stopped.
+
+        Raises the exception that stopped the thread (see the module docstring).
+        """
+        cond = self._cond
+        with cond:
+            if not self._items and self._error is None and not self._stopped:
+                self.waits += 1
+                self.consumers_waiting += 1
+                start = time.monotonic()
+                cond.notify_all()     # for whoever watches consumers_waiting
+                try:
+                    while not self._items and self._error is None and not self._stopped:
+                        cond.wait()
+                finally:
+                    self.consumers_waiting -= 1
+                    self.wait_time += time.monotonic() - start
+            if self._error is not None and not self._stopped:
+                self._error_raised = True
+                raise self._error
+            if self._stopped:
+                return self.END
+            item = self._items.popleft()
+            self.handed_out += 1
+            cond.notify_all()         # room for the thread
+            return item
+
+    def unraised_error(self):
+        """The exception that stopped the thread if :meth:`get` never raised it, else None."""
+        with self._cond:
+            return None if self._error_raised else self._error
+
+    # ------------------------------------------------------------------ shutdown
+    def stop(self):
+        """Release every waiter (see the module docstring); idempotent, does not wait."""
+        with self._cond:
+            self._stopped = True
+            self._items.clear()
+            self._cond.notify_all()
+
+    def join(self, timeout=None):
+        """Wait for the thread (after :meth:`stop`); True when it has ended. A call from the
+        prefetch thread itself (``produce`` closing its owner) does not wait."""
+        if threading.current_thread() is self._thread:
+            return False
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
