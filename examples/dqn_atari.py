@@ -200,7 +200,9 @@ class Evaluator(Callback):
 
 
 def training_players(args):
-    """``(make_player, requests_per_batch)`` for the training players the arguments ask for.
+    """``make_player`` for the training players the arguments ask for. (The stream counts
+    ``update_frequency`` in transitions stored, whatever the player, so it needs no scaling
+    by the number of envs a request steps.)
 
     With ``--prioritized`` / ``--n-step`` every step's reward is clipped to [-1, 1] before it is
     stored, inside the engine where it has a switch (EnvPool's ``reward_clip``, ale-py's
@@ -209,7 +211,6 @@ def training_players(args):
     ``recv``/``send`` (the runner would then refuse an asynchronous EnvPool). Sets
     ``args.players`` to 1 for the one-player engines.
     """
-    uf = args.update_frequency
     clip = rainbow_replay(args)
     if args.envpool:
         # One player; a request receives (and stores) the steps of half its envs.
@@ -217,7 +218,7 @@ def training_players(args):
             return make_envpool(args.env, args.envpool, sticky=args.sticky, seed=args.seed,
                                 reward_clip=clip)
         args.players = 1
-        return make_player, max(1, round(uf / max(1, args.envpool // 2)))
+        return make_player
     if args.ray_actors:
         # One player whose envs live in Ray actors (on this machine or a cluster's nodes). The
         # actors build their envs with atari_wrappers.make_env, shipped by value: the nodes need
@@ -239,19 +240,16 @@ def training_players(args):
         def make_player():
             return expreplay.RayVectorEnv(make, args.ray_actors, args.envs_per_actor)
         args.players = 1           # all the actors are one player's (one batched forward per step)
-        # Asynchronous: a request receives the envs of the actors that are ready (one or more).
-        return make_player, max(1, round(uf / args.envs_per_actor))
+        return make_player
     if args.vector:
-        # One request steps all N sub-envs of one player: request uf/N of them per batch so
-        # that a training step still sees about uf new transitions (the replay ratio batch/uf).
         def make_player():
             return make_vector_env(args.env, args.vector, sticky=args.sticky, reward_clipping=clip)
-        return make_player, max(1, round(uf / args.vector))
+        return make_player
 
     def make_player():
         env = get_player(args, train=True)
         return gym.wrappers.ClipReward(env, -1.0, 1.0) if clip else env
-    return make_player, uf
+    return make_player
 
 
 def previous_run(logdir):
@@ -352,7 +350,7 @@ def train(args, num_actions):
     prepare_logdir(args)
     tf.set_random_seed(args.seed)
     uf = args.update_frequency
-    player, requests_per_batch = training_players(args)
+    player = training_players(args)
 
     total_steps = args.max_epoch * args.steps_per_epoch
 
@@ -366,7 +364,7 @@ def train(args, num_actions):
         batch_size=args.batch_size,
         memory_size=args.memory_size,
         init_memory_size=args.init_memory_size,
-        update_frequency=requests_per_batch,
+        update_frequency=args.update_frequency,
         history_len=HISTORY,
         state_dtype='uint8',
         maximum_staleness=args.maximum_staleness,

@@ -19,14 +19,13 @@ from expreplay.envs import adapt_env  # noqa: E402
 
 def players(*argv):
     args = dqn_atari.parse_args(['--env', 'ALE/Pong-v5', *map(str, argv)])
-    make_player, requests = dqn_atari.training_players(args)
-    return make_player(), requests
+    return dqn_atari.training_players(args)()
 
 
 @pytest.mark.parametrize('flags', [['--prioritized'], ['--n-step', 3], []])
 def test_an_asynchronous_envpool_stays_asynchronous_and_clips_rewards(flags):
     pytest.importorskip('envpool')
-    env, _ = players('--envpool', 4, *flags)
+    env = players('--envpool', 4, *flags)
     try:
         assert adapt_env(env).is_async, "the runner must see EnvPool's recv/send"
         assert env.config['reward_clip'] is bool(flags)
@@ -35,7 +34,7 @@ def test_an_asynchronous_envpool_stays_asynchronous_and_clips_rewards(flags):
 
 
 def test_a_vector_env_clips_rewards_in_the_engine():
-    env, _ = players('--vector', 2, '--prioritized')
+    env = players('--vector', 2, '--prioritized')
     try:
         assert not isinstance(env, dqn_atari.gym.Wrapper) and not hasattr(env, 'env')
         env.reset(seed=0)
@@ -64,10 +63,9 @@ class BigRewards(dqn_atari.gym.Env):
 
 def test_a_single_env_is_wrapped_in_clip_reward(monkeypatch):
     monkeypatch.setattr(dqn_atari, 'get_player', lambda args, train=False: BigRewards())
-    env, requests = players('--prioritized', '--update-frequency', 4)
+    env = players('--prioritized', '--update-frequency', 4)
     env.reset()
     assert env.step(1)[1] == 1.0 and env.step(0)[1] == -1.0
-    assert requests == 4
-    plain, _ = players()
+    plain = players()
     plain.reset()
     assert plain.step(1)[1] == 37.0                  # uniform 1-step: the model clips
