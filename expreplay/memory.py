@@ -79,11 +79,6 @@ from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCAT
 from .priority import PriorityIndex
 from .writers import BatchWriter, LaneWriter
 
-try:  # optional, built by setup.py when a C compiler is available; used by the writers
-    from . import _acting_ext
-except ImportError:
-    _acting_ext = None
-
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
            'check_frames', 'check_rewards', 'check_actions', 'check_flags']
 
@@ -231,6 +226,7 @@ class ReplayMemory:
         self._block_gen = np.zeros(self.num_blocks, np.int64)  # +1 at every claim
         self._free = collections.deque(range(self.num_blocks))
         self._retired = collections.deque()
+        self._abandoned = collections.deque()   # block arrays of writers collected unclosed
         self._num_valid = 0
         self._num_steps_written = 0   # all steps ever added, for statistics
 
@@ -301,6 +297,8 @@ class ReplayMemory:
 
         Evicts the oldest retired block when no block is free. Caller holds the lock.
         """
+        while self._abandoned:
+            self._retire_active(self._abandoned.popleft())
         if self._free:
             block = self._free.popleft()
         elif self._retired:
@@ -323,6 +321,13 @@ class ReplayMemory:
         if prev_block >= 0:
             self._block_next[prev_block] = block
         return block
+
+    def _retire_active(self, blocks):
+        """Retire those of ``blocks`` (a writer's, -1: none) that are still active. Caller
+        holds the lock."""
+        for block in blocks[blocks >= 0].tolist():
+            if self._block_state[block] == _ACTIVE:
+                self._retire(block)
 
     def _retire(self, block):
         self._block_state[block] = _RETIRED
