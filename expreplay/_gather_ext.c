@@ -53,11 +53,16 @@ ALWAYS_INLINE void store4(uint8_t *o, __m128i lo4, __m128i hi4, const int K)
 #endif
 
 /* One batch row: src[j] is history frame j (n bytes); dst gets n pixels of K bytes each.
+ * stream (K = 4, dst 16-byte aligned, rows of whole 16-byte words): non-temporal stores,
+ * which write the row without reading its cache lines first (a batch of a few MB does not
+ * stay in the caches anyway, and those reads would double the memory traffic); the caller
+ * fences after the batch.
  * next: the next row's frames (or NULL), prefetched while this row is built. The frames are
  * scattered across a ring far larger than the caches, and the hardware prefetcher only starts
  * a stream after a few misses (and stops at page ends); this made the row ~25% faster. */
-ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
-                                  const uint8_t *const *next, Py_ssize_t n, const int K)
+ALWAYS_INLINE void interleave_row_nt(uint8_t *dst, const uint8_t *const *src,
+                                     const uint8_t *const *next, Py_ssize_t n, const int K,
+                                     const int stream)
 {
     Py_ssize_t p = 0;
 #ifdef HAVE_SSE2
@@ -79,10 +84,17 @@ ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
             __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
             __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
             uint8_t *o = dst + p * 4;
-            _mm_storeu_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
-            _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
-            _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
-            _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
+            if (stream) {
+                _mm_stream_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
+                _mm_stream_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
+                _mm_stream_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
+                _mm_stream_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
+            } else {
+                _mm_storeu_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
+                _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
+                _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
+                _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
+            }
         }
     } else
 #define PLANE(j) ((j) < K ? _mm_loadu_si128((const __m128i *)(src[(j) < K ? (j) : 0] + p)) : z)
@@ -108,6 +120,12 @@ ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
     for (; p < n; p++)  /* row tail (or everything, without SSE2) */
         for (int j = 0; j < K; j++)
             dst[p * K + j] = src[j][p];
+}
+
+ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
+                                  const uint8_t *const *next, Py_ssize_t n, const int K)
+{
+    interleave_row_nt(dst, src, next, n, K, 0);
 }
 
 static void interleave_rows(uint8_t *out, const uint8_t **src, Py_ssize_t B, Py_ssize_t n, int K)
@@ -306,14 +324,14 @@ done:
 
 typedef struct {
     PyObject_HEAD
-    Py_buffer fr, ep, fl, ac, rw, pv, nx, gen;
+    Py_buffer fr, ep, fl, ac, rw, pv, nx, gen, fill;
     int nbuf;              /* buffers acquired, for the destructor */
     Py_ssize_t N, n, h, bs, zero, nslots, nblocks;
 } RingObject;
 
 static Py_buffer *ring_bufs(RingObject *r, int i)
 {
-    Py_buffer *all[8] = {&r->fr, &r->ep, &r->fl, &r->ac, &r->rw, &r->pv, &r->nx, &r->gen};
+    Py_buffer *all[9] = {&r->fr, &r->ep, &r->fl, &r->ac, &r->rw, &r->pv, &r->nx, &r->gen, &r->fill};
     return all[i];
 }
 
@@ -326,19 +344,19 @@ static void Ring_dealloc(RingObject *r)
 
 static int Ring_init(RingObject *r, PyObject *args, PyObject *kw)
 {
-    PyObject *o[8];
-    static const Py_ssize_t item[8] = {0, 4, 1, 4, 4, 8, 8, 8};
-    static const char *names[8] = {"frames", "epstep", "flags", "action", "reward", "block_prev",
-                                   "block_next", "block_gen"};
+    PyObject *o[9];
+    static const Py_ssize_t item[9] = {0, 4, 1, 4, 4, 8, 8, 8, 8};
+    static const char *names[9] = {"frames", "epstep", "flags", "action", "reward", "block_prev",
+                                   "block_next", "block_gen", "block_fill"};
     (void)kw;
     if (r->nbuf) {
         PyErr_SetString(PyExc_TypeError, "Ring is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOOOnnn:Ring", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
-                          &o[6], &o[7], &r->h, &r->bs, &r->zero))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOnnn:Ring", &o[0], &o[1], &o[2], &o[3], &o[4], &o[5],
+                          &o[6], &o[7], &o[8], &r->h, &r->bs, &r->zero))
         return -1;
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < 9; i++) {
         if (PyObject_GetBuffer(o[i], ring_bufs(r, i), PyBUF_C_CONTIGUOUS | (i == 0 ? PyBUF_ND : 0)) < 0)
             return -1;
         r->nbuf = i + 1;
@@ -354,6 +372,7 @@ static int Ring_init(RingObject *r, PyObject *args, PyObject *kw)
     if (r->fr.ndim < 2 || r->h < 1 || r->bs < 1 || r->zero < 0 || r->zero >= r->N
         || r->fl.len != r->nslots || r->ac.len != 4 * r->nslots || r->rw.len != 4 * r->nslots
         || r->nx.len != 8 * r->nblocks || r->gen.len != 8 * r->nblocks
+        || r->fill.len != 8 * r->nblocks
         || r->nblocks * r->bs != r->nslots || r->N <= r->nslots) {
         PyErr_SetString(PyExc_ValueError, "Ring: inconsistent table sizes");
         return -1;
@@ -437,6 +456,17 @@ static void copy_pairs(uint8_t *os, uint8_t *on, const uint8_t **ss, const uint8
         }
         return;
     }
+#ifdef HAVE_SSE2
+    if (K == 4 && (uintptr_t)os % 16 == 0 && (uintptr_t)on % 16 == 0 && n % 16 == 0) {
+        for (Py_ssize_t r = 0; r < B; r++) {
+            interleave_row_nt(os + r * 4 * n, ss + r * 4, sn + r * 4, n, 4, 1);
+            interleave_row_nt(on + r * 4 * n, sn + r * 4, r + 1 < B ? ss + (r + 1) * 4 : NULL,
+                              n, 4, 1);
+        }
+        _mm_sfence();
+        return;
+    }
+#endif
 #define CASE(k) case k: \
         for (Py_ssize_t r = 0; r < B; r++) { \
             interleave_row(os + r * k * n, ss + r * k, sn + r * k, n, k); \
@@ -625,7 +655,77 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(ring_written_doc,
+"written() -> the number of written slots (the sum of block_fill).");
+
+static PyObject *Ring_written(RingObject *r, PyObject *unused)
+{
+    const int64_t *fill = r->fill.buf;
+    int64_t total = 0;
+    (void)unused;
+    for (Py_ssize_t b = 0; b < r->nblocks; b++)
+        total += fill[b];
+    return PyLong_FromLongLong(total);
+}
+
+PyDoc_STRVAR(ring_pick_doc,
+"pick(u, out, got) -> got'\n\n"
+"ReplayMemory._draw_valid_slots' mapping: each u (int64, in [0, written())) names the u-th\n"
+"written slot, counting block by block (the slots [0, block_fill[b]) of each block b); those\n"
+"that are VALID are stored in out[got:] (int64) in order until out is full. Returns the new\n"
+"count.");
+
+static PyObject *Ring_pick(RingObject *r, PyObject *args)
+{
+    PyObject *u_obj, *out_obj;
+    Py_ssize_t got;
+    if (!PyArg_ParseTuple(args, "OOn:pick", &u_obj, &out_obj, &got))
+        return NULL;
+    Py_buffer u = {0}, out = {0};
+    int64_t *cum = NULL;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(u_obj, &u, PyBUF_C_CONTIGUOUS) < 0
+        || PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        goto done;
+    if (u.itemsize != 8 || out.itemsize != 8 || got < 0 || got > out.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "pick: u and out must be int64, 0 <= got <= len(out)");
+        goto done;
+    }
+    cum = PyMem_Malloc((size_t)(r->nblocks + 1) * sizeof(*cum));
+    if (!cum) { PyErr_NoMemory(); goto done; }
+    const int64_t *fill = r->fill.buf, *uv = u.buf;
+    int64_t *o = out.buf;
+    const uint8_t *flags = r->fl.buf;
+    cum[0] = 0;
+    for (Py_ssize_t b = 0; b < r->nblocks; b++)
+        cum[b + 1] = cum[b] + fill[b];                 /* cum[b]: written slots before block b */
+    Py_ssize_t n = out.len / 8, nb = r->nblocks;
+    for (Py_ssize_t i = 0; i < u.len / 8 && got < n; i++) {
+        int64_t x = uv[i];
+        if (x < 0 || x >= cum[nb]) {
+            PyErr_SetString(PyExc_IndexError, "pick: u out of range");
+            goto done;
+        }
+        Py_ssize_t lo = 0, hi = nb;                    /* the block b with cum[b] <= x < cum[b + 1] */
+        while (hi - lo > 1) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (cum[mid] <= x) lo = mid; else hi = mid;
+        }
+        int64_t slot = lo * r->bs + (x - cum[lo]);
+        if (flags[slot] & F_VALID)
+            o[got++] = slot;
+    }
+    result = PyLong_FromSsize_t(got);
+done:
+    PyMem_Free(cum);
+    if (u.obj) PyBuffer_Release(&u);
+    if (out.obj) PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef ring_methods[] = {
+    {"written", (PyCFunction)Ring_written, METH_NOARGS, ring_written_doc},
+    {"pick", (PyCFunction)Ring_pick, METH_VARARGS, ring_pick_doc},
     {"sample", (PyCFunction)Ring_sample, METH_VARARGS, ring_sample_doc},
     {"comb", (PyCFunction)Ring_comb, METH_VARARGS, ring_comb_doc},
     {NULL, NULL, 0, NULL},
@@ -637,7 +737,7 @@ static PyTypeObject RingType = {
     .tp_basicsize = sizeof(RingObject),
     .tp_dealloc = (destructor)Ring_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Ring(frames, epstep, flags, action, reward, block_prev, block_next, block_gen, "
+    .tp_doc = "Ring(frames, epstep, flags, action, reward, block_prev, block_next, block_gen, block_fill, "
               "history_len, block_size, zero_slot): a replay memory's sampler, bound to its tables.",
     .tp_methods = ring_methods,
     .tp_init = (initproc)Ring_init,

@@ -533,17 +533,19 @@ class ReplayMemory:
                            np.empty(b, np.float32),
                            extras={name: np.empty(b, arr.dtype) for name, arr in self._extras.items()})
 
-    def _sampler(self, frames, layout):
+    def _sampler(self, frames=1, layout='NCHW'):
         """The C sampler bound to this memory's tables (:class:`expreplay._gather.Ring`), or
         None: not built, switched off (``expreplay._gather._gather_ext = None``), or a layout
-        it does not take (channels-last needs 1-byte frames, at most 8 a row)."""
+        it does not take (channels-last needs 1-byte frames, at most 8 a row). The defaults
+        ask only whether the kernel is there (for the draw)."""
         if not _gather.sampler_takes(self._frames, frames, layout):
             return None
         ring = self._ring
         if ring is None:
             ring = self._ring = _gather.Ring(
                 self._frames, self._epstep, self._flags, self._action, self._reward,
-                self._block_prev, self._block_next, self._block_gen, self.history_len,
+                self._block_prev, self._block_next, self._block_gen, self._block_fill,
+                self.history_len,
                 self.block_size, self.ZERO_SLOT)
         return ring
 
@@ -661,6 +663,18 @@ class ReplayMemory:
         ``block_fill`` is a draw over written slots; almost all of them are VALID (the
         exceptions are each episode's final frame and a few slots at block edges).
         """
+        ring = self._sampler()
+        if ring is not None:         # the same draws, mapped and filtered in C
+            chosen = np.empty(n, np.int64)
+            total, got = ring.written(), 0
+            for _ in range(32):
+                u = _integers(rng, total, 2 * (n - got) + 8)
+                got = ring.pick(u if u.dtype == np.int64 else u.astype(np.int64), chosen, got)
+                if got == n:
+                    return chosen
+            chosen = chosen[:got]
+            valid = np.flatnonzero(self._flags & _VALID)
+            return np.concatenate([chosen, valid[_integers(rng, len(valid), n - got)]])
         cum = np.cumsum(self._block_fill)
         total = int(cum[-1])
         chosen = np.empty(0, np.int64)
