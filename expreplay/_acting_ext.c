@@ -237,9 +237,12 @@ static PyObject *history_rows(PyObject *self, PyObject *args)
  * and returns -1, having changed nothing, when anything needs the numpy path. The caller holds
  * the memory's lock. */
 
-enum { S_FRAMES, S_EPSTEP, S_FLAGS, S_ACTION, S_REWARD, S_FILL,
-       S_NEXT, S_CUR, S_EP, S_OFF, S_BLOCK, S_SAFE,
+enum { S_FRAMES, S_EPSTEP, S_FLAGS, S_ACTION, S_REWARD, S_FILL, S_GEN, S_STATE, S_INTACT,
+       S_NEXT, S_CUR, S_EP, S_OFF, S_BLOCK, S_SAFE, S_CURGEN,
        S_HFRAMES, S_HPOS, S_HBASE, S_SCORE, S_LENGTH, S_LIVES, S_NBUF };
+#define N_MEM_TABLES 9
+#define N_WRITER_TABLES 7
+#define BLOCK_FREE 0   /* memory.py: _FREE */
 
 typedef struct {
     PyObject_HEAD
@@ -273,18 +276,19 @@ static int Store_init(StoreObject *st, PyObject *args, PyObject *kw)
                           &format, &PyTuple_Type, &shape, &st->h, &st->bs))
         return -1;
     st->has_history = hist != Py_None;
-    if (PyTuple_GET_SIZE(mem) != 6 || PyTuple_GET_SIZE(wri) != 6
+    if (PyTuple_GET_SIZE(mem) != N_MEM_TABLES || PyTuple_GET_SIZE(wri) != N_WRITER_TABLES
         || (st->has_history && (!PyTuple_Check(hist) || PyTuple_GET_SIZE(hist) != 6))) {
-        PyErr_SetString(PyExc_ValueError, "Store: 6 memory tables, 6 writer tables, 6 history tables or None");
+        PyErr_SetString(PyExc_ValueError, "Store: 9 memory tables, 7 writer tables, 6 history tables or None");
         return -1;
     }
-    static const Py_ssize_t item[S_NBUF] = {1, 4, 1, 4, 4, 8, 8, 8, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8};
+    static const Py_ssize_t item[S_NBUF] = {1, 4, 1, 4, 4, 8, 8, 1, 1, 8, 8, 8, 8, 8, 8, 8,
+                                            1, 8, 8, 8, 8, 8};
     for (int i = 0; i < S_NBUF; i++) {
         if (i >= S_HFRAMES && !st->has_history)
             break;
         PyObject *o = i < S_NEXT ? PyTuple_GET_ITEM(mem, i)
                     : i < S_HFRAMES ? PyTuple_GET_ITEM(wri, i - S_NEXT) : PyTuple_GET_ITEM(hist, i - S_HFRAMES);
-        int writable = i != S_BLOCK && i != S_HBASE;
+        int writable = i != S_BLOCK && i != S_HBASE && i != S_GEN && i != S_STATE && i != S_INTACT;
         if (PyObject_GetBuffer(o, &st->b[i], PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
             return -1;
         st->ok[i] = 1;
@@ -303,6 +307,8 @@ static int Store_init(StoreObject *st, PyObject *args, PyObject *kw)
         || st->b[S_SAFE].len != 8;
     for (int i = S_CUR; i <= S_BLOCK; i++)
         bad |= st->b[i].len != 8 * st->nlanes;
+    bad |= st->b[S_CURGEN].len != 8 * st->nlanes || st->b[S_GEN].len != 8 * st->nblocks
+        || st->b[S_STATE].len != st->nblocks || st->b[S_INTACT].len != st->nblocks;
     if (st->has_history) {
         bad |= st->b[S_HFRAMES].len != st->nlanes * st->h * st->fb;
         for (int i = S_HPOS; i <= S_LIVES; i++)
@@ -351,8 +357,9 @@ PyDoc_STRVAR(store_step_doc,
 "step(action, reward, frame, terminated, truncated) -> the slot the step was taken from, or -1\n\n"
 "LaneWriter.add_step's common case for lane 0: an int action within int32, a float reward (or\n"
 "an int float32 holds exactly) within float32's range, a frame of exactly the memory's shape and\n"
-"dtype, C-contiguous, neither end flag set, room in the block and the current slot's history\n"
-"inside it. -1 (nothing changed) for anything else: the caller's checks and numpy path run.");
+"dtype, C-contiguous, neither end flag set, room in the block, and the step from the current\n"
+"slot sampleable (I3: its history inside its block, or the lane's previous block intact).\n"
+"-1 (nothing changed) for anything else: the caller's checks and numpy path run.");
 
 static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -384,9 +391,20 @@ static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t n
     int64_t *off = st->b[S_OFF].buf, *safe = st->b[S_SAFE].buf;
     const int64_t *block = st->b[S_BLOCK].buf;
     int64_t slot = next[0], from = cur[0], bs = st->bs;
-    if (*safe <= 0 || from < 0 || from >= st->nslots || off[0] < st->h - 1 || block[0] < 0
+    if (*safe <= 0 || from < 0 || from >= st->nslots || block[0] < 0
         || block[0] >= st->nblocks || slot < block[0] * bs || slot >= (block[0] + 1) * bs)
         return PyLong_FromLong(-1);
+    if (off[0] < st->h - 1) {
+        /* The current slot lies at a block start or in the lane's previous block (which a
+         * claim by another writer may have evicted): BatchWriter._publish_carefully's rule.
+         * Its block must be the one it was written in, and its history intact. */
+        int64_t cb = from / bs, co = from % bs;
+        int64_t e = ((const int32_t *)st->b[S_EPSTEP].buf)[from];
+        if (((const int64_t *)st->b[S_GEN].buf)[cb] != ((const int64_t *)st->b[S_CURGEN].buf)[0]
+            || ((const int8_t *)st->b[S_STATE].buf)[cb] == BLOCK_FREE
+            || ((e < st->h - 1 ? e : st->h - 1) > co && !((const uint8_t *)st->b[S_INTACT].buf)[cb]))
+            return PyLong_FromLong(-1);
+    }
     Py_buffer view;
     if (!exact_frame(st, args[2], &view))
         return PyLong_FromLong(-1);
@@ -402,7 +420,8 @@ static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t n
     next[0] = slot + 1;
     cur[0] = slot;
     ep[0] += 1;
-    off[0] += 1;
+    off[0] = slot - block[0] * bs;
+    ((int64_t *)st->b[S_CURGEN].buf)[0] = ((const int64_t *)st->b[S_GEN].buf)[block[0]];
     *safe -= 1;
     return PyLong_FromLongLong(from);
 }

@@ -234,8 +234,10 @@ class BatchWriter:
         mem = self.memory
         fmt = memoryview(mem._frames[:0]).format if mem.dtype.kind in 'iub' else ''
         return _acting_ext.Store(
-            (mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill),
-            (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block, self._safe),
+            (mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
+             mem._block_gen, mem._block_state, mem._block_prev_intact),
+            (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block, self._safe,
+             self._cur_gen),
             history_tables, fmt, mem.state_shape, mem.history_len, mem.block_size)
 
     def _lanes(self, lanes):
