@@ -24,7 +24,7 @@ import numpy as np
 from ._checks import check_bool, check_int
 from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
                       check_frames, check_reward, check_rewards)
-from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _VALID
+from ._slots import _FREE, _HAS_ACTION, _VALID
 
 try:  # optional, built by setup.py when a C compiler is available; looked up at call time
     from . import _acting_ext
