@@ -53,16 +53,11 @@ ALWAYS_INLINE void store4(uint8_t *o, __m128i lo4, __m128i hi4, const int K)
 #endif
 
 /* One batch row: src[j] is history frame j (n bytes); dst gets n pixels of K bytes each.
- * stream (K = 4, dst 16-byte aligned, rows of whole 16-byte words): non-temporal stores,
- * which write the row without reading its cache lines first (a batch of a few MB does not
- * stay in the caches anyway, and those reads would double the memory traffic); the caller
- * fences after the batch.
  * next: the next row's frames (or NULL), prefetched while this row is built. The frames are
  * scattered across a ring far larger than the caches, and the hardware prefetcher only starts
  * a stream after a few misses (and stops at page ends); this made the row ~25% faster. */
-ALWAYS_INLINE void interleave_row_nt(uint8_t *dst, const uint8_t *const *src,
-                                     const uint8_t *const *next, Py_ssize_t n, const int K,
-                                     const int stream)
+ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
+                                  const uint8_t *const *next, Py_ssize_t n, const int K)
 {
     Py_ssize_t p = 0;
 #ifdef HAVE_SSE2
@@ -84,17 +79,10 @@ ALWAYS_INLINE void interleave_row_nt(uint8_t *dst, const uint8_t *const *src,
             __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
             __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
             uint8_t *o = dst + p * 4;
-            if (stream) {
-                _mm_stream_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
-                _mm_stream_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
-                _mm_stream_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
-                _mm_stream_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
-            } else {
-                _mm_storeu_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
-                _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
-                _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
-                _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
-            }
+            _mm_storeu_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
+            _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
+            _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
         }
     } else
 #define PLANE(j) ((j) < K ? _mm_loadu_si128((const __m128i *)(src[(j) < K ? (j) : 0] + p)) : z)
@@ -120,12 +108,6 @@ ALWAYS_INLINE void interleave_row_nt(uint8_t *dst, const uint8_t *const *src,
     for (; p < n; p++)  /* row tail (or everything, without SSE2) */
         for (int j = 0; j < K; j++)
             dst[p * K + j] = src[j][p];
-}
-
-ALWAYS_INLINE void interleave_row(uint8_t *dst, const uint8_t *const *src,
-                                  const uint8_t *const *next, Py_ssize_t n, const int K)
-{
-    interleave_row_nt(dst, src, next, n, K, 0);
 }
 
 static void interleave_rows(uint8_t *out, const uint8_t **src, Py_ssize_t B, Py_ssize_t n, int K)
@@ -443,6 +425,41 @@ static void copy_rows(uint8_t *out, const uint8_t **src, Py_ssize_t B, Py_ssize_
     }
 }
 
+#ifdef HAVE_SSE2
+/* Sixteen pixels of four planes -> 64 output bytes. (Non-temporal stores were tried here:
+ * with two output rows written side by side they were several times slower.) */
+ALWAYS_INLINE void emit4(uint8_t *o, __m128i a, __m128i b, __m128i c, __m128i d)
+{
+    __m128i ab0 = _mm_unpacklo_epi8(a, b), ab1 = _mm_unpackhi_epi8(a, b);
+    __m128i cd0 = _mm_unpacklo_epi8(c, d), cd1 = _mm_unpackhi_epi8(c, d);
+    _mm_storeu_si128((__m128i *)(o + 0), _mm_unpacklo_epi16(ab0, cd0));
+    _mm_storeu_si128((__m128i *)(o + 16), _mm_unpackhi_epi16(ab0, cd0));
+    _mm_storeu_si128((__m128i *)(o + 32), _mm_unpacklo_epi16(ab1, cd1));
+    _mm_storeu_si128((__m128i *)(o + 48), _mm_unpackhi_epi16(ab1, cd1));
+}
+
+/* A row's state and next state of 4 frames each, in one pass over the pixels: the frames they
+ * share (3 of the 5 for a one-step window) are loaded from memory once, and the second load
+ * of each 16 pixels hits the L1 cache. n % 16 == 0. ns/nn: the next
+ * row's frames, prefetched meanwhile (NULL: none). */
+static void pair_row4(uint8_t *os, uint8_t *on, const uint8_t *const *ss,
+                      const uint8_t *const *sn, const uint8_t *const *ns,
+                      const uint8_t *const *nn, Py_ssize_t n)
+{
+    for (Py_ssize_t p = 0; p < n; p += 16) {
+        if (ns && p % 64 == 0)
+            for (int j = 0; j < 4; j++) {
+                _mm_prefetch((const char *)ns[j] + p, _MM_HINT_T0);
+                _mm_prefetch((const char *)nn[j] + p, _MM_HINT_T0);
+            }
+#define LD(f) _mm_loadu_si128((const __m128i *)((f) + p))
+        emit4(os + p * 4, LD(ss[0]), LD(ss[1]), LD(ss[2]), LD(ss[3]));
+        emit4(on + p * 4, LD(sn[0]), LD(sn[1]), LD(sn[2]), LD(sn[3]));
+#undef LD
+    }
+}
+#endif
+
 /* State and next state, row by row: the next state's frames are mostly the state's. */
 static void copy_pairs(uint8_t *os, uint8_t *on, const uint8_t **ss, const uint8_t **sn,
                        Py_ssize_t B, Py_ssize_t n, int K, int nchw)
@@ -457,13 +474,10 @@ static void copy_pairs(uint8_t *os, uint8_t *on, const uint8_t **ss, const uint8
         return;
     }
 #ifdef HAVE_SSE2
-    if (K == 4 && (uintptr_t)os % 16 == 0 && (uintptr_t)on % 16 == 0 && n % 16 == 0) {
-        for (Py_ssize_t r = 0; r < B; r++) {
-            interleave_row_nt(os + r * 4 * n, ss + r * 4, sn + r * 4, n, 4, 1);
-            interleave_row_nt(on + r * 4 * n, sn + r * 4, r + 1 < B ? ss + (r + 1) * 4 : NULL,
-                              n, 4, 1);
-        }
-        _mm_sfence();
+    if (K == 4 && n % 16 == 0) {
+        for (Py_ssize_t r = 0; r < B; r++)
+            pair_row4(os + r * 4 * n, on + r * 4 * n, ss + r * 4, sn + r * 4,
+                      r + 1 < B ? ss + (r + 1) * 4 : NULL, r + 1 < B ? sn + (r + 1) * 4 : NULL, n);
         return;
     }
 #endif
