@@ -82,13 +82,6 @@ def Ring(*tables):
     return _gather_ext.Ring(*tables)
 
 
-def gather_states(frames, epstep, block_prev, slots, out, history_len, block_size, zero_slot):
-    """The replay memory's NHWC states of ``slots`` in one C call (see ``_gather_ext``); only
-    where :func:`gather_kernel_takes` says the kernel is there."""
-    _gather_ext.gather_states(frames, epstep, block_prev, slots, out, history_len, block_size,
-                              zero_slot)
-
-
 def gather_history(frames, idx):
     """:func:`gather_frames` NHWC for indices the caller built itself (in range, intp): the
     acting path's per-step state gather, without the checks that cost as much as the copy."""

@@ -202,93 +202,6 @@ done:
     return result;
 }
 
-PyDoc_STRVAR(gather_states_doc,
-"gather_states(frames, epstep, block_prev, slots, out, history_len, block_size, zero_slot)\n\n"
-"The replay memory's states in one pass: for each slot s, the history_len frames of its\n"
-"episode ending at s (oldest first; the frame `back` steps before s is the zero slot when\n"
-"back > epstep[s], else in s's block or, before its start, at the end of block_prev[block])\n"
-"interleaved channels-last into out (B, *frame, history_len), as ReplayMemory._history_index\n"
-"then interleave would. frames (N, ...) uint8 C-contiguous, epstep int32, block_prev and slots\n"
-"int64, 2 <= history_len <= 8. Releases the GIL for large batches.");
-
-static PyObject *gather_states(PyObject *self, PyObject *args)
-{
-    PyObject *frames_obj, *ep_obj, *prev_obj, *slots_obj, *out_obj, *result = NULL;
-    Py_ssize_t K, bs, zero;
-    Py_buffer fr = {0}, ep = {0}, pv = {0}, sl = {0}, out = {0};
-    const uint8_t **src = NULL;
-    (void)self;
-
-    if (!PyArg_ParseTuple(args, "OOOOOnnn:gather_states", &frames_obj, &ep_obj, &prev_obj,
-                          &slots_obj, &out_obj, &K, &bs, &zero))
-        return NULL;
-    if (PyObject_GetBuffer(frames_obj, &fr, PyBUF_C_CONTIGUOUS) < 0 ||
-        PyObject_GetBuffer(ep_obj, &ep, PyBUF_C_CONTIGUOUS) < 0 ||
-        PyObject_GetBuffer(prev_obj, &pv, PyBUF_C_CONTIGUOUS) < 0 ||
-        PyObject_GetBuffer(slots_obj, &sl, PyBUF_C_CONTIGUOUS) < 0 ||
-        PyObject_GetBuffer(out_obj, &out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
-        goto done;
-    if (fr.ndim < 2 || fr.itemsize != 1 || out.itemsize != 1 || ep.itemsize != 4 ||
-        pv.itemsize != 8 || sl.itemsize != 8) {
-        PyErr_SetString(PyExc_ValueError, "gather_states: frames and out must hold 1-byte items, "
-                        "epstep int32, block_prev and slots int64");
-        goto done;
-    }
-    if (K < 2 || K > 8 || bs < 1) {
-        PyErr_SetString(PyExc_ValueError, "gather_states: history_len must be 2 to 8, block_size >= 1");
-        goto done;
-    }
-    Py_ssize_t N = fr.shape[0], B = sl.len / 8, nep = ep.len / 4, nprev = pv.len / 8;
-    Py_ssize_t n = N ? fr.len / N : 0;
-    if (out.len != B * K * n) {
-        PyErr_SetString(PyExc_ValueError, "gather_states: out has the wrong size");
-        goto done;
-    }
-    if (zero < 0 || zero >= N) {
-        PyErr_SetString(PyExc_IndexError, "gather_states: zero_slot out of range");
-        goto done;
-    }
-    src = PyMem_Malloc((size_t)(B * K + 1) * sizeof(*src));
-    if (!src) { PyErr_NoMemory(); goto done; }
-    const int64_t *slots = sl.buf, *prev = pv.buf;
-    const int32_t *epstep = ep.buf;
-    const uint8_t *base = fr.buf;
-    for (Py_ssize_t r = 0; r < B; r++) {
-        int64_t s = slots[r];
-        if (s < 0 || s >= nep || s / bs >= nprev) {
-            PyErr_Format(PyExc_IndexError, "gather_states: slot %lld out of range", (long long)s);
-            goto done;
-        }
-        int64_t blk = s / bs, off = s % bs, e = epstep[s];
-        for (Py_ssize_t k = 0; k < K; k++) {
-            int64_t back = K - 1 - k, f;
-            if (back > e)
-                f = zero;
-            else if (off - back >= 0)
-                f = blk * bs + off - back;
-            else
-                f = prev[blk] * bs + bs + off - back;
-            if (f < 0 || f >= N) {
-                PyErr_Format(PyExc_IndexError, "gather_states: history of slot %lld leaves the ring",
-                             (long long)s);
-                goto done;
-            }
-            src[r * K + k] = base + f * n;
-        }
-    }
-    interleave_rows_gil(out.buf, src, B, n, (int)K);
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    PyMem_Free(src);
-    if (fr.obj) PyBuffer_Release(&fr);
-    if (ep.obj) PyBuffer_Release(&ep);
-    if (pv.obj) PyBuffer_Release(&pv);
-    if (sl.obj) PyBuffer_Release(&sl);
-    if (out.obj) PyBuffer_Release(&out);
-    return result;
-}
-
 /* ------------------------------------------------------------------ the memory's sampler
  *
  * Ring: a binding to one replay memory's arrays (frames, epstep, flags, action, reward, the
@@ -760,7 +673,6 @@ static PyTypeObject RingType = {
 
 static PyMethodDef methods[] = {
     {"interleave", interleave, METH_VARARGS, interleave_doc},
-    {"gather_states", gather_states, METH_VARARGS, gather_states_doc},
     {NULL, NULL, 0, NULL},
 };
 

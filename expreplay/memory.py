@@ -68,7 +68,7 @@ from ._checkpoint import CheckpointError
 from ._checks import (check_allocatable, check_bool, check_choice, check_dtype, check_int,
                       check_probability, check_real, check_rng, check_shape)
 from . import _gather
-from ._gather import gather_frames, gather_kernel_takes
+from ._gather import gather_frames
 # The input rules and the writers live in their own modules; their names stay importable from
 # here (acting.py, envs.py and users import them from expreplay.memory).
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
@@ -704,24 +704,16 @@ class ReplayMemory:
         return np.concatenate([hist, nxt[:, None]], axis=1)
 
     def _gather_states(self, slots, layout):
-        """The states (``history_len`` frames, oldest first) whose newest frame is at each slot.
+        """The states (``history_len`` frames, oldest first) whose newest frame is at each slot:
+        the numpy path (the C sampler, :meth:`_sampler`, builds them itself).
 
-        Channels-last: the C interleave kernel when it is built (for uint8 frames and 2 to 8
-        of them; with its 16-byte stores for 4 frames, about twice numpy's speed below).
-        Without it: most states are ``history_len`` consecutive slots (the exceptions start
-        near an episode's first frame or reach into the lane's previous block), and numpy
-        copies those out of a strided view of the ring (a state = one contiguous run of
-        frames) as fast as it gathers whole frames, about twice the speed of numpy's
-        per-frame interleave; the exceptions go through :func:`gather_frames`.
+        Most states are ``history_len`` consecutive slots (the exceptions start near an
+        episode's first frame or reach into the lane's previous block), and numpy copies those
+        out of a strided view of the ring (a state = one contiguous run of frames) as fast as
+        it gathers whole frames, about twice the speed of numpy's per-frame interleave; the
+        exceptions go through :func:`gather_frames`.
         """
         h = self.history_len
-        if layout == 'NHWC' and h > 1 and gather_kernel_takes(self._frames, h):
-            # The kernel resolves the history slots (as _history_index) and gathers, one call.
-            out = np.empty((len(slots),) + self.state_shape + (h,), self.dtype)
-            _gather.gather_states(self._frames, self._epstep, self._block_prev,
-                                  np.ascontiguousarray(slots, np.int64), out, h,
-                                  self.block_size, self.ZERO_SLOT)
-            return out
         idx = self._history_index(slots)
         if layout != 'NHWC' or h == 1:
             return gather_frames(self._frames, idx, layout)
