@@ -62,10 +62,10 @@ class BatchWriter:
       evicted); the others (just after a block change) take the careful path, which checks
       the previous block's generation and the ``block_prev_intact`` link.
 
-    Use it from one thread. ``lanes`` (every method's): the lanes of the call, a sequence or
-    1-D array of *distinct* integers in ``[0, num_lanes)``; anything else (bools, floats, a
-    negative or too large lane, a lane twice) is refused, naming ``lanes``, before anything is
-    written (see :meth:`_lanes`).
+    Use it from one thread. ``lanes`` (of the methods that write): the lanes of the call, a
+    sequence or 1-D array of *distinct* integers in ``[0, num_lanes)``; anything else (bools,
+    floats, a negative or too large lane, a lane twice) is refused, naming ``lanes``, before
+    anything is written (see :meth:`_lanes`).
 
     Dropped without :meth:`close`, a writer gives its blocks back once it is garbage collected.
     """
