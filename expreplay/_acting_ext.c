@@ -3,9 +3,11 @@
  * Why C: an acting step of a few lanes (one single env inline, a group of four) costs ~80
  * numpy calls of ~1 microsecond each in expreplay/memory.py and expreplay/acting.py, whatever
  * the batch size; tensorpack's original runner spends ~40 microseconds per step in all. This
- * kernel does the whole common case in one call: for every lane, copy the frame into the
- * memory's next slot, publish the step taken from the lane's current slot (VALID), advance
- * the writer, push the frame into the lane's history ring, add the reward to its score.
+ * kernel (Store, bound once to a writer's tables) does the whole common case in one call: for
+ * every lane, copy the frame into the memory's next slot, publish the step taken from the
+ * lane's current slot (VALID), advance the writer, push the frame into the lane's history
+ * ring, add the reward to its score; and a single lane's LaneWriter.add_step, its arguments'
+ * checks included, in another.
  *
  * It handles only the common case and changes nothing (returns -1) when any lane needs more:
  * its block is full, its current slot lies near a block start (history may reach into the
@@ -49,106 +51,6 @@ static void release(Buf *bufs, int n)
         if (bufs[i].ok)
             PyBuffer_Release(&bufs[i].b);
 }
-
-enum { LANES, ACTIONS, FRAMES, REWARDS, TERM, TRUNC, LIVES,
-       W_NEXT, W_CUR, W_EPSTEP, W_OFF, W_BLOCK,
-       M_FRAMES, M_EPSTEP, M_FLAGS, M_ACTION, M_REWARD, M_FILL,
-       H_FRAMES, H_POS, H_BASE, G_SCORE, G_LENGTH, G_LIVES, NBUF };
-
-/* store_steps(lanes, actions, frames, rewards, terminated, truncated, lives,
- *             w_next, w_cur_slot, w_cur_epstep, w_cur_off, w_block,
- *             m_frames, m_epstep, m_flags, m_action, m_reward, m_block_fill,
- *             h_frames, h_pos, h_base, g_score, g_length, g_lives,
- *             frame_bytes, history_len, block_size, num_slots, num_blocks, num_lanes)
- * -> n (steps stored) or -1 (nothing done: not the common case).
- * Types: lanes, actions, lives, the w_ arrays, m_block_fill, h_pos, h_base, g_length, g_lives int64,
- * rewards/g_score float64, terminated/truncated bool, m_epstep/m_action int32, m_flags uint8,
- * m_reward float32, frames/m_frames/h_frames raw frame bytes. */
-static PyObject *store_steps(PyObject *self, PyObject *args)
-{
-    PyObject *o[NBUF];
-    Py_ssize_t fb, h, bs, nslots, nblocks, nlanes;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOOOOOOOOOOOOOOOnnnnnn",
-                          &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7], &o[8], &o[9],
-                          &o[10], &o[11], &o[12], &o[13], &o[14], &o[15], &o[16], &o[17], &o[18],
-                          &o[19], &o[20], &o[21], &o[22], &o[23],
-                          &fb, &h, &bs, &nslots, &nblocks, &nlanes))
-        return NULL;
-    Buf b[NBUF];
-    memset(b, 0, sizeof(b));
-    const int writable[NBUF] = {0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1};
-    if (get(o[LANES], &b[LANES], 0, 8, 0, "lanes") < 0) { release(b, NBUF); return NULL; }
-    Py_ssize_t n = b[LANES].b.len / 8;
-    const Py_ssize_t sizes[NBUF] = {8, 8, 1, 8, 1, 1, 8, 8, 8, 8, 8, 8, 1, 4, 1, 4, 4, 8, 1, 8, 8, 8, 8, 8};
-    const Py_ssize_t counts[NBUF] = {n, n, n * fb, n, n, n, n, nlanes, nlanes, nlanes, nlanes, nlanes,
-                                     (nslots + 1) * fb, nslots, nslots, nslots, nslots, nblocks,
-                                     nlanes * h * fb, nlanes, nlanes, nlanes, nlanes, nlanes};
-    static const char *names[NBUF] = {"lanes", "actions", "frames", "rewards", "terminated",
-        "truncated", "lives", "w_next", "w_cur_slot", "w_cur_epstep", "w_cur_off", "w_block",
-        "m_frames", "m_epstep", "m_flags", "m_action", "m_reward", "m_block_fill", "h_frames",
-        "h_pos", "h_base", "g_score", "g_length", "g_lives"};
-    for (int i = 1; i < NBUF; i++) {
-        if (get(o[i], &b[i], writable[i], sizes[i], counts[i], names[i]) < 0) {
-            release(b, NBUF);
-            return NULL;
-        }
-    }
-    const int64_t *lanes = b[LANES].b.buf, *actions = b[ACTIONS].b.buf, *lives = b[LIVES].b.buf;
-    const uint8_t *frames = b[FRAMES].b.buf, *term = b[TERM].b.buf, *trunc = b[TRUNC].b.buf;
-    const double *rewards = b[REWARDS].b.buf;
-    int64_t *w_next = b[W_NEXT].b.buf, *w_cur = b[W_CUR].b.buf, *w_ep = b[W_EPSTEP].b.buf;
-    int64_t *w_off = b[W_OFF].b.buf;
-    const int64_t *w_block = b[W_BLOCK].b.buf;
-    uint8_t *m_frames = b[M_FRAMES].b.buf, *m_flags = b[M_FLAGS].b.buf;
-    int32_t *m_epstep = b[M_EPSTEP].b.buf, *m_action = b[M_ACTION].b.buf;
-    float *m_reward = b[M_REWARD].b.buf;
-    int64_t *m_fill = b[M_FILL].b.buf;
-    uint8_t *h_frames = b[H_FRAMES].b.buf;
-    int64_t *h_pos = b[H_POS].b.buf;
-    const int64_t *h_base = b[H_BASE].b.buf;
-    double *g_score = b[G_SCORE].b.buf;
-    int64_t *g_length = b[G_LENGTH].b.buf, *g_lives = b[G_LIVES].b.buf;
-
-    /* Every lane must be the common case, else nothing is changed. */
-    int any_lives = 0;
-    for (Py_ssize_t j = 0; j < n; j++) {
-        int64_t l = lanes[j];
-        if (l < 0 || l >= nlanes || term[j] || trunc[j] || w_cur[l] < 0 || w_off[l] < h - 1
-            || w_block[l] < 0 || w_next[l] >= (w_block[l] + 1) * bs || w_next[l] >= nslots
-            || w_cur[l] >= nslots || !(fabs(rewards[j]) <= FLT_MAX)
-            || actions[j] < INT32_MIN || actions[j] > INT32_MAX
-            || (lives[j] >= 0 && g_lives[l] >= 0 && lives[j] < g_lives[l])) {
-            release(b, NBUF);
-            return PyLong_FromLong(-1);
-        }
-        any_lives |= lives[j] >= 0;
-    }
-    for (Py_ssize_t j = 0; j < n; j++) {
-        int64_t l = lanes[j], slot = w_next[l], cur = w_cur[l];
-        const uint8_t *frame = frames + j * fb;
-        memcpy(m_frames + slot * fb, frame, fb);
-        m_epstep[slot] = (int32_t)(w_ep[l] + 1);
-        m_flags[slot] = 0;
-        m_fill[w_block[l]] += 1;
-        m_action[cur] = (int32_t)actions[j];
-        m_reward[cur] = (float)rewards[j];
-        m_flags[cur] = HAS_ACTION_VALID;
-        w_next[l] = slot + 1;
-        w_cur[l] = slot;
-        w_ep[l] += 1;
-        w_off[l] += 1;
-        int64_t pos = (h_pos[l] + 1) % h;
-        h_pos[l] = pos;
-        memcpy(h_frames + (h_base[l] + pos) * fb, frame, fb);
-        g_score[l] += rewards[j];
-        g_length[l] += 1;
-        if (any_lives)     /* as the numpy path: the batch's lives replace the lanes' */
-            g_lives[l] = lives[j];
-    }
-    release(b, NBUF);
-    return PyLong_FromSsize_t(n);
-}
-
 
 /* draw_actions(lanes, uniforms, cursor, draws, exploration, open, num_actions, actions, greedy)
  * -> g, the number of greedy rows written to greedy[0:g]; or -1 (nothing done) when some lane
@@ -324,6 +226,314 @@ static PyObject *history_rows(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ Store: the write binding
+ *
+ * A writer's binding to the tables it writes: the memory's (frames, epstep, flags, action,
+ * reward, block_fill), the writer's per-lane state (next slot, current slot, its epstep and
+ * block offset, the active block, and `safe`, the calls left before some lane may need a new
+ * block: expreplay/writers.py), and optionally an acting group's per-lane companions (the
+ * FrameHistory ring, scores, lengths, lives). Built once per writer (and history), so that a
+ * step is one call with the step's values only. Like store_steps it does the common case only
+ * and returns -1, having changed nothing, when anything needs the numpy path. The caller holds
+ * the memory's lock. */
+
+enum { S_FRAMES, S_EPSTEP, S_FLAGS, S_ACTION, S_REWARD, S_FILL, S_GEN, S_STATE, S_INTACT,
+       S_NEXT, S_CUR, S_EP, S_OFF, S_BLOCK, S_SAFE, S_CURGEN,
+       S_HFRAMES, S_HPOS, S_HBASE, S_SCORE, S_LENGTH, S_LIVES, S_NBUF };
+#define N_MEM_TABLES 9
+#define N_WRITER_TABLES 7
+#define BLOCK_FREE 0   /* memory.py: _FREE */
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer b[S_NBUF];
+    int ok[S_NBUF];
+    int has_history;
+    Py_ssize_t fb, h, bs, nslots, nblocks, nlanes;
+    char format[8];           /* the frames' buffer format ("" : no one-step fast path) */
+    int ndim;
+    Py_ssize_t shape[4];
+} StoreObject;
+
+static void Store_dealloc(StoreObject *st)
+{
+    for (int i = 0; i < S_NBUF; i++)
+        if (st->ok[i])
+            PyBuffer_Release(&st->b[i]);
+    Py_TYPE(st)->tp_free((PyObject *)st);
+}
+
+static int Store_init(StoreObject *st, PyObject *args, PyObject *kw)
+{
+    PyObject *mem, *wri, *hist, *shape;
+    const char *format;
+    (void)kw;
+    if (st->ok[0]) {
+        PyErr_SetString(PyExc_TypeError, "Store is initialised once");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "O!O!OsO!nn:Store", &PyTuple_Type, &mem, &PyTuple_Type, &wri, &hist,
+                          &format, &PyTuple_Type, &shape, &st->h, &st->bs))
+        return -1;
+    st->has_history = hist != Py_None;
+    if (PyTuple_GET_SIZE(mem) != N_MEM_TABLES || PyTuple_GET_SIZE(wri) != N_WRITER_TABLES
+        || (st->has_history && (!PyTuple_Check(hist) || PyTuple_GET_SIZE(hist) != 6))) {
+        PyErr_SetString(PyExc_ValueError, "Store: 9 memory tables, 7 writer tables, 6 history tables or None");
+        return -1;
+    }
+    static const Py_ssize_t item[S_NBUF] = {1, 4, 1, 4, 4, 8, 8, 1, 1, 8, 8, 8, 8, 8, 8, 8,
+                                            1, 8, 8, 8, 8, 8};
+    for (int i = 0; i < S_NBUF; i++) {
+        if (i >= S_HFRAMES && !st->has_history)
+            break;
+        PyObject *o = i < S_NEXT ? PyTuple_GET_ITEM(mem, i)
+                    : i < S_HFRAMES ? PyTuple_GET_ITEM(wri, i - S_NEXT) : PyTuple_GET_ITEM(hist, i - S_HFRAMES);
+        int writable = i != S_BLOCK && i != S_HBASE && i != S_GEN && i != S_STATE && i != S_INTACT;
+        if (PyObject_GetBuffer(o, &st->b[i], PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+            return -1;
+        st->ok[i] = 1;
+        if (item[i] > 1 && st->b[i].itemsize != item[i]) {
+            PyErr_Format(PyExc_ValueError, "Store: table %d has items of the wrong size", i);
+            return -1;
+        }
+    }
+    st->nslots = st->b[S_EPSTEP].len / 4;
+    st->nblocks = st->b[S_FILL].len / 8;
+    st->nlanes = st->b[S_NEXT].len / 8;
+    st->fb = st->nslots ? st->b[S_FRAMES].len / (st->nslots + 1) : 0;
+    int bad = st->h < 1 || st->bs < 1 || st->nblocks * st->bs != st->nslots || st->fb < 1
+        || st->b[S_FRAMES].len != (st->nslots + 1) * st->fb || st->b[S_FLAGS].len != st->nslots
+        || st->b[S_ACTION].len != 4 * st->nslots || st->b[S_REWARD].len != 4 * st->nslots
+        || st->b[S_SAFE].len != 8;
+    for (int i = S_CUR; i <= S_BLOCK; i++)
+        bad |= st->b[i].len != 8 * st->nlanes;
+    bad |= st->b[S_CURGEN].len != 8 * st->nlanes || st->b[S_GEN].len != 8 * st->nblocks
+        || st->b[S_STATE].len != st->nblocks || st->b[S_INTACT].len != st->nblocks;
+    if (st->has_history) {
+        bad |= st->b[S_HFRAMES].len != st->nlanes * st->h * st->fb;
+        for (int i = S_HPOS; i <= S_LIVES; i++)
+            bad |= st->b[i].len != 8 * st->nlanes;
+    }
+    st->ndim = (int)PyTuple_GET_SIZE(shape);
+    bad |= st->ndim < 1 || st->ndim > 4 || strlen(format) >= sizeof(st->format);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "Store: inconsistent table sizes");
+        return -1;
+    }
+    Py_ssize_t total = 1;
+    for (int d = 0; d < st->ndim; d++) {
+        st->shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (st->shape[d] < 0) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "Store: bad frame shape");
+            return -1;
+        }
+        total *= st->shape[d];
+    }
+    strcpy(st->format, format);
+    return 0;
+}
+
+/* The frame of one step, if it is exactly the memory's: a C-contiguous buffer of the frame
+ * shape and the memory's format. 1 (view filled), 0 (not such a frame: the numpy path). */
+static int exact_frame(StoreObject *st, PyObject *obj, Py_buffer *view)
+{
+    if (!st->format[0] || !PyObject_CheckBuffer(obj))
+        return 0;
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const char *f = view->format ? view->format : "B";
+    int ok = view->ndim == st->ndim && view->len == st->fb && strcmp(f, st->format) == 0;
+    for (int d = 0; ok && d < st->ndim; d++)
+        ok = view->shape[d] == st->shape[d];
+    if (!ok)
+        PyBuffer_Release(view);
+    return ok;
+}
+
+PyDoc_STRVAR(store_step_doc,
+"step(action, reward, frame, terminated, truncated) -> the slot the step was taken from, or -1\n\n"
+"LaneWriter.add_step's common case for lane 0: an int action within int32, a float reward (or\n"
+"an int float32 holds exactly) within float32's range, a frame of exactly the memory's shape and\n"
+"dtype, C-contiguous, neither end flag set, room in the block, and the step from the current\n"
+"slot sampleable (I3: its history inside its block, or the lane's previous block intact).\n"
+"-1 (nothing changed) for anything else: the caller's checks and numpy path run.");
+
+static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "step takes 5 arguments");
+        return NULL;
+    }
+    PyObject *ao = args[0], *ro = args[1];
+    if (args[3] != Py_False || args[4] != Py_False || !PyLong_CheckExact(ao))
+        return PyLong_FromLong(-1);
+    int overflow;
+    long long action = PyLong_AsLongLongAndOverflow(ao, &overflow);
+    if (overflow || action < INT32_MIN || action > INT32_MAX)
+        return PyLong_FromLong(-1);
+    double reward;
+    if (PyFloat_Check(ro)) {
+        reward = PyFloat_AS_DOUBLE(ro);
+    } else if (PyLong_CheckExact(ro)) {
+        long long v = PyLong_AsLongLongAndOverflow(ro, &overflow);
+        if (overflow || v > (1 << 24) || v < -(1 << 24))   /* only ints float32 holds exactly */
+            return PyLong_FromLong(-1);
+        reward = (double)v;
+    } else {
+        return PyLong_FromLong(-1);
+    }
+    if (!(fabs(reward) <= FLT_MAX))
+        return PyLong_FromLong(-1);
+    int64_t *next = st->b[S_NEXT].buf, *cur = st->b[S_CUR].buf, *ep = st->b[S_EP].buf;
+    int64_t *off = st->b[S_OFF].buf, *safe = st->b[S_SAFE].buf;
+    const int64_t *block = st->b[S_BLOCK].buf;
+    int64_t slot = next[0], from = cur[0], bs = st->bs;
+    if (*safe <= 0 || from < 0 || from >= st->nslots || block[0] < 0
+        || block[0] >= st->nblocks || slot < block[0] * bs || slot >= (block[0] + 1) * bs)
+        return PyLong_FromLong(-1);
+    if (off[0] < st->h - 1) {
+        /* The current slot lies at a block start or in the lane's previous block (which a
+         * claim by another writer may have evicted): BatchWriter._publish_carefully's rule.
+         * Its block must be the one it was written in, and its history intact. */
+        int64_t cb = from / bs, co = from % bs;
+        int64_t e = ((const int32_t *)st->b[S_EPSTEP].buf)[from];
+        if (((const int64_t *)st->b[S_GEN].buf)[cb] != ((const int64_t *)st->b[S_CURGEN].buf)[0]
+            || ((const int8_t *)st->b[S_STATE].buf)[cb] == BLOCK_FREE
+            || ((e < st->h - 1 ? e : st->h - 1) > co && !((const uint8_t *)st->b[S_INTACT].buf)[cb]))
+            return PyLong_FromLong(-1);
+    }
+    Py_buffer view;
+    if (!exact_frame(st, args[2], &view))
+        return PyLong_FromLong(-1);
+    uint8_t *flags = st->b[S_FLAGS].buf;
+    memcpy((uint8_t *)st->b[S_FRAMES].buf + slot * st->fb, view.buf, st->fb);
+    PyBuffer_Release(&view);
+    ((int32_t *)st->b[S_EPSTEP].buf)[slot] = (int32_t)(ep[0] + 1);
+    flags[slot] = 0;
+    ((int64_t *)st->b[S_FILL].buf)[block[0]] += 1;
+    ((int32_t *)st->b[S_ACTION].buf)[from] = (int32_t)action;
+    ((float *)st->b[S_REWARD].buf)[from] = (float)reward;
+    flags[from] = HAS_ACTION_VALID;
+    next[0] = slot + 1;
+    cur[0] = slot;
+    ep[0] += 1;
+    off[0] = slot - block[0] * bs;
+    ((int64_t *)st->b[S_CURGEN].buf)[0] = ((const int64_t *)st->b[S_GEN].buf)[block[0]];
+    *safe -= 1;
+    return PyLong_FromLongLong(from);
+}
+
+PyDoc_STRVAR(store_steps_doc,
+"steps(lanes, actions, frames, rewards, terminated, truncated, lives) -> n, or -1\n\n"
+"An acting step of the lanes (int64 lanes, actions, lives; float64 rewards; bool ends; the\n"
+"frames' raw bytes, one frame per lane) stored and pushed into the bound history, scores,\n"
+"lengths and lives, common case only (as store_steps): -1, having changed nothing, otherwise.");
+
+static PyObject *Store_steps(StoreObject *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "steps takes 7 arguments");
+        return NULL;
+    }
+    if (!st->has_history) {
+        PyErr_SetString(PyExc_TypeError, "steps: this Store has no history bound");
+        return NULL;
+    }
+    Buf a[7];
+    memset(a, 0, sizeof(a));
+    static const Py_ssize_t sizes[7] = {8, 8, 1, 8, 1, 1, 8};
+    static const char *names[7] = {"lanes", "actions", "frames", "rewards", "terminated",
+                                   "truncated", "lives"};
+    if (get(args[0], &a[0], 0, 8, 0, "lanes") < 0) { release(a, 7); return NULL; }
+    Py_ssize_t n = a[0].b.len / 8;
+    for (int i = 1; i < 7; i++) {
+        if (get(args[i], &a[i], 0, sizes[i], i == 2 ? n * st->fb : n, names[i]) < 0) {
+            release(a, 7);
+            return NULL;
+        }
+    }
+    const int64_t *lanes = a[0].b.buf, *actions = a[1].b.buf, *lives = a[6].b.buf;
+    const uint8_t *frames = a[2].b.buf, *term = a[4].b.buf, *trunc = a[5].b.buf;
+    const double *rewards = a[3].b.buf;
+    int64_t *w_next = st->b[S_NEXT].buf, *w_cur = st->b[S_CUR].buf, *w_ep = st->b[S_EP].buf;
+    int64_t *w_off = st->b[S_OFF].buf, *safe = st->b[S_SAFE].buf;
+    const int64_t *w_block = st->b[S_BLOCK].buf;
+    uint8_t *m_frames = st->b[S_FRAMES].buf, *m_flags = st->b[S_FLAGS].buf;
+    int32_t *m_epstep = st->b[S_EPSTEP].buf, *m_action = st->b[S_ACTION].buf;
+    float *m_reward = st->b[S_REWARD].buf;
+    int64_t *m_fill = st->b[S_FILL].buf;
+    uint8_t *h_frames = st->b[S_HFRAMES].buf;
+    int64_t *h_pos = st->b[S_HPOS].buf;
+    const int64_t *h_base = st->b[S_HBASE].buf;
+    double *g_score = st->b[S_SCORE].buf;
+    int64_t *g_length = st->b[S_LENGTH].buf, *g_lives = st->b[S_LIVES].buf;
+    const Py_ssize_t h = st->h, bs = st->bs, fb = st->fb, nlanes = st->nlanes;
+    int any_lives = 0;
+    if (*safe <= 0)
+        goto decline;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t l = lanes[j];
+        if (l < 0 || l >= nlanes || term[j] || trunc[j] || w_cur[l] < 0 || w_off[l] < h - 1
+            || w_block[l] < 0 || w_next[l] >= (w_block[l] + 1) * bs || w_next[l] >= st->nslots
+            || w_cur[l] >= st->nslots || !(fabs(rewards[j]) <= FLT_MAX)
+            || actions[j] < INT32_MIN || actions[j] > INT32_MAX
+            || h_base[l] < 0 || h_base[l] + h > nlanes * h
+            || (lives[j] >= 0 && g_lives[l] >= 0 && lives[j] < g_lives[l]))
+            goto decline;
+        any_lives |= lives[j] >= 0;
+    }
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t l = lanes[j], slot = w_next[l], cur = w_cur[l];
+        const uint8_t *frame = frames + j * fb;
+        memcpy(m_frames + slot * fb, frame, fb);
+        m_epstep[slot] = (int32_t)(w_ep[l] + 1);
+        m_flags[slot] = 0;
+        m_fill[w_block[l]] += 1;
+        m_action[cur] = (int32_t)actions[j];
+        m_reward[cur] = (float)rewards[j];
+        m_flags[cur] = HAS_ACTION_VALID;
+        w_next[l] = slot + 1;
+        w_cur[l] = slot;
+        w_ep[l] += 1;
+        w_off[l] += 1;
+        int64_t pos = (h_pos[l] + 1) % h;
+        h_pos[l] = pos;
+        memcpy(h_frames + (h_base[l] + pos) * fb, frame, fb);
+        g_score[l] += rewards[j];
+        g_length[l] += 1;
+        if (any_lives)     /* as the numpy path: the batch's lives replace the lanes' */
+            g_lives[l] = lives[j];
+    }
+    *safe -= 1;
+    release(a, 7);
+    return PyLong_FromSsize_t(n);
+decline:
+    release(a, 7);
+    return PyLong_FromLong(-1);
+}
+
+static PyMethodDef store_methods[] = {
+    {"step", (PyCFunction)(void (*)(void))Store_step, METH_FASTCALL, store_step_doc},
+    {"steps", (PyCFunction)(void (*)(void))Store_steps, METH_FASTCALL, store_steps_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject StoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "expreplay._acting_ext.Store",
+    .tp_basicsize = sizeof(StoreObject),
+    .tp_dealloc = (destructor)Store_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Store(memory_tables, writer_tables, history_tables or None, frame_format, "
+              "frame_shape, history_len, block_size): a writer's binding to the tables it writes.",
+    .tp_methods = store_methods,
+    .tp_init = (initproc)Store_init,
+    .tp_new = PyType_GenericNew,
+};
+
 static PyMethodDef methods[] = {
     {"greedy_actions", greedy_actions, METH_VARARGS,
      "actions[greedy[i]] = argmax(q[i]) without releasing the GIL; -1 non-finite, -2 not handled."},
@@ -331,11 +541,23 @@ static PyMethodDef methods[] = {
      "The FrameHistory rows of the lanes' states, oldest frame first."},
     {"draw_actions", draw_actions, METH_VARARGS,
      "Epsilon-greedy draws of a batch of lanes from pre-drawn uniforms; -1: refill first."},
-    {"store_steps", store_steps, METH_VARARGS,
-     "Store one acting step of a batch of lanes, common case only; -1: nothing done."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_acting_ext", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__acting_ext(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__acting_ext(void)
+{
+    if (PyType_Ready(&StoreType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&StoreType);
+    if (PyModule_AddObject(m, "Store", (PyObject *)&StoreType) < 0) {
+        Py_DECREF(&StoreType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -59,7 +59,7 @@ try:
 except ImportError:      # not on Windows: liveness of a temporary file falls back to its pid
     fcntl = None
 
-from . import memory as _mem   # its slot flags and block states (read at call time: a cycle)
+from . import _slots as _mem   # the slot flags and block states
 from ._checks import check_dtype, check_int, check_real, check_shape, format_bytes  # noqa: F401
 from ._inputs import check_extra_fields
 

@@ -68,11 +68,18 @@ def gather_kernel_takes(frames, k):
             and frames.flags.c_contiguous)
 
 
-def gather_states(frames, epstep, block_prev, slots, out, history_len, block_size, zero_slot):
-    """The replay memory's NHWC states of ``slots`` in one C call (see ``_gather_ext``); only
-    where :func:`gather_kernel_takes` says the kernel is there."""
-    _gather_ext.gather_states(frames, epstep, block_prev, slots, out, history_len, block_size,
-                              zero_slot)
+def sampler_takes(frames, k, layout):
+    """Whether the memory's C sampler (:class:`Ring`) builds batches of ``k`` frames a row in
+    ``layout`` from ``frames``."""
+    if _gather_ext is None:
+        return False
+    return layout == 'NCHW' or k == 1 or gather_kernel_takes(frames, k)
+
+
+def Ring(*tables):
+    """The replay memory's C sampler bound to its tables (``_gather_ext.Ring``: see its
+    ``sample`` and ``comb``); only where :func:`sampler_takes` says the kernel is there."""
+    return _gather_ext.Ring(*tables)
 
 
 def gather_history(frames, idx):

@@ -68,7 +68,7 @@ from ._checkpoint import CheckpointError
 from ._checks import (check_allocatable, check_bool, check_choice, check_dtype, check_int,
                       check_probability, check_real, check_rng, check_shape)
 from . import _gather
-from ._gather import gather_frames, gather_kernel_takes
+from ._gather import gather_frames
 # The input rules and the writers live in their own modules; their names stay importable from
 # here (acting.py, envs.py and users import them from expreplay.memory).
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
@@ -78,11 +78,6 @@ from .episodes import StoredEpisodes
 from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID  # noqa: F401
 from .priority import PriorityIndex
 from .writers import BatchWriter, LaneWriter
-
-try:  # optional, built by setup.py when a C compiler is available; used by the writers
-    from . import _acting_ext
-except ImportError:
-    _acting_ext = None
 
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
            'check_frames', 'check_rewards', 'check_actions', 'check_flags']
@@ -231,6 +226,7 @@ class ReplayMemory:
         self._block_gen = np.zeros(self.num_blocks, np.int64)  # +1 at every claim
         self._free = collections.deque(range(self.num_blocks))
         self._retired = collections.deque()
+        self._abandoned = collections.deque()   # block arrays of writers collected unclosed
         self._num_valid = 0
         self._num_steps_written = 0   # all steps ever added, for statistics
 
@@ -243,6 +239,7 @@ class ReplayMemory:
                                          _VALID) if prioritized else None
 
         self._lock = threading.Lock()
+        self._ring = None             # the C sampler bound to the tables, built at first use
         self._rng = np.random.default_rng()
         self._legacy_writer = None
         self._legacy_pending = None   # (action, reward) of the last non-terminal append
@@ -300,6 +297,8 @@ class ReplayMemory:
 
         Evicts the oldest retired block when no block is free. Caller holds the lock.
         """
+        while self._abandoned:
+            self._retire_active(self._abandoned.popleft())
         if self._free:
             block = self._free.popleft()
         elif self._retired:
@@ -322,6 +321,13 @@ class ReplayMemory:
         if prev_block >= 0:
             self._block_next[prev_block] = block
         return block
+
+    def _retire_active(self, blocks):
+        """Retire those of ``blocks`` (a writer's, -1: none) that are still active. Caller
+        holds the lock."""
+        for block in blocks[blocks >= 0].tolist():
+            if self._block_state[block] == _ACTIVE:
+                self._retire(block)
 
     def _retire(self, block):
         self._block_state[block] = _RETIRED
@@ -365,14 +371,19 @@ class ReplayMemory:
         """Steps added since the memory was created (including evicted ones)."""
         return self._num_steps_written
 
-    def sample_batch(self, batch_size, rng=None, layout='NHWC'):
+    def sample_batch(self, batch_size, rng=None, layout='NHWC', *, out=None):
         """Sample ``batch_size`` transitions uniformly (with replacement) from the valid ones.
 
         Args:
             batch_size (int): number of transitions.
             rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
+                A seed (an int) is refused with a TypeError naming ``rng``: a seed given per
+                call would draw the same batch every time; pass ``numpy.random.default_rng(seed)``.
             layout: ``'NHWC'`` (channels-last, tensorpack's DQNModel) or ``'NCHW'``
                 (channels-first, for models that transpose on the device).
+            out (list, optional): a 4-list returned by an earlier ``sample_batch`` of the same
+                ``batch_size`` and ``layout``, whose arrays are filled in place and returned,
+                so that a sampling loop allocates nothing (see :meth:`sample`'s ``out``).
 
         Returns:
             ``[comb_state, action, reward, isOver]``. ``comb_state`` holds ``history_len + 1``
@@ -382,24 +393,39 @@ class ReplayMemory:
             float32, ``isOver`` bool (True only for terminated steps; truncated ends bootstrap).
 
         Raises:
-            ValueError: fewer than ``batch_size`` valid transitions are stored.
+            ValueError: fewer than ``batch_size`` valid transitions are stored, or ``out`` does
+                not fit the batch.
         """
         batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
         check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         rng = self._rng if rng is None else check_rng(rng, 'rng')
+        k = self.history_len + 1
+        if out is not None:
+            _check_out(out, {0: self._state_shape(batch_size, k, layout)}, 'sample_batch')
+        ring = self._sampler(k, layout)
         with self._lock:
-            if self._num_valid < batch_size:
-                raise ValueError(
-                    f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
-                    f"valid transitions and needs at least {batch_size}")
+            self._check_batch_size(batch_size)
             slots = self._draw_valid_slots(batch_size, rng)
+            if ring is not None:
+                if out is None:
+                    out = [np.empty(self._state_shape(batch_size, k, layout), self.dtype),
+                           np.empty(batch_size, np.int32), np.empty(batch_size, np.float32),
+                           np.empty(batch_size, bool)]
+                ring.comb(slots, layout == 'NCHW', *out)
+                return out
             comb_state = gather_frames(self._frames, self._frame_index(slots), layout)
             action = self._action[slots]
             reward = self._reward[slots]
             is_over = (self._flags[slots] & _TERMINATED) != 0
-        return [comb_state, action, reward, is_over]
+        batch = [comb_state, action, reward, is_over]
+        if out is None:
+            return batch
+        for dst, src in zip(out, batch):
+            np.copyto(dst, src)
+        return out
 
-    def sample(self, batch_size, *, n_step=1, gamma=0.99, beta=None, layout='NHWC', rng=None):
+    def sample(self, batch_size, *, n_step=1, gamma=0.99, beta=None, layout='NHWC', rng=None,
+               out=None):
         """Sample ``batch_size`` n-step transitions (with replacement) as a :class:`SampleBatch`.
 
         A transition from the state at step ``t`` sums the rewards of steps ``t .. t + k - 1``
@@ -408,10 +434,11 @@ class ReplayMemory:
         ``t + k``: for an episode that ended in the window, its final observation. ``discount``
         is ``gamma ** k``, and 0 when the episode *terminated* in the window (a *truncated*
         end bootstraps from the final observation). The window never leaves the episode, so it
-        never crosses into another episode or another writer's lane.
+        never crosses into another episode or another writer's lane, and its cost is bounded
+        by the episode, whatever ``n_step`` says.
 
         Args:
-            batch_size (int): number of transitions.
+            batch_size (int): number of transitions (whole floats accepted, as for the sizes).
             n_step (int): steps summed, >= 1.
             gamma (float): discount in (0, 1].
             beta (float, optional): importance-sampling exponent in [0, 1] for a prioritized
@@ -419,44 +446,108 @@ class ReplayMemory:
             layout: ``'NHWC'`` gives ``state`` and ``next_state`` of shape
                 ``(B, *state_shape, history_len)``; ``'NCHW'`` ``(B, history_len, *state_shape)``.
             rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
+                A seed (an int) is refused with a TypeError naming ``rng``: a seed given per
+                call would draw the same batch every time; pass ``numpy.random.default_rng(seed)``.
+            out (SampleBatch, optional): a batch returned by an earlier ``sample`` of the same
+                ``batch_size`` and ``layout`` (and memory): its arrays are overwritten with the
+                new batch and it is returned, so that a sampling loop allocates nothing
+                (``batch = mem.sample(64, out=batch)``). The caller must be done with the
+                previous contents, which are gone.
 
         Raises:
-            ValueError: a bad argument (named), or fewer than ``batch_size`` valid transitions.
+            ValueError: a bad argument (named), ``out`` that does not fit the batch, or fewer
+                than ``batch_size`` valid transitions.
+            TypeError: ``rng`` is not a numpy generator.
         """
-        batch_size = check_int(batch_size, 'batch_size', minimum=1)
-        n_step = check_int(n_step, 'n_step', minimum=1)
+        batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        n_step = check_int(n_step, 'n_step', 1)
         gamma = check_real(gamma, 'gamma')
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
         if beta is not None:
             beta = check_probability(beta, 'beta')
-        if layout not in ('NHWC', 'NCHW'):
-            raise ValueError(f"layout must be 'NHWC' or 'NCHW', got {layout!r}")
-        rng = self._rng if rng is None else rng
+        check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        rng = self._rng if rng is None else check_rng(rng, 'rng')
+        shape = self._state_shape(batch_size, self.history_len, layout)
+        if out is not None:
+            if not isinstance(out, SampleBatch):
+                raise TypeError(f"out must be a SampleBatch from sample(), got {type(out).__name__}")
+            _check_out(out, {0: shape, 3: shape}, 'sample')
+            if set(out.extras) != set(self._extras):
+                raise ValueError("out: its extras are not this memory's extra fields")
+        ring = self._sampler(self.history_len, layout)
         prio = self._priorities
         with self._lock:
-            if self._num_valid < batch_size:
-                raise ValueError(
-                    f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
-                    f"valid transitions and needs at least {batch_size}")
+            self._check_batch_size(batch_size)
             if prio is not None:
                 prio.flush()
                 slots = prio.draw(batch_size, rng)
-                if beta is None:
-                    weights = np.ones(batch_size, np.float32)
-                else:
-                    weights = prio.weights(slots, beta).astype(np.float32)
+                weights = None if beta is None else prio.weights(slots, beta)
             else:
                 slots = self._draw_valid_slots(batch_size, rng)
-                weights = np.ones(batch_size, np.float32)
-            reward, last, discount, is_over = self._n_step(slots, n_step, gamma)
-            state = self._gather_states(slots, layout)
-            next_state = self._gather_states(last, layout)
-            action = self._action[slots]
-            indices = self._block_gen[slots // self.block_size] * self.num_slots + slots
-            extras = {name: arr[slots] for name, arr in self._extras.items()}
-        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights,
-                           extras=extras)
+                weights = None
+            if ring is not None:
+                if out is None:
+                    out = self._empty_sample(batch_size, shape)
+                ring.sample(slots, n_step, gamma, layout == 'NCHW', out.state, out.next_state,
+                            out.action, out.reward, out.discount, out.is_over, out.indices)
+                for name, arr in self._extras.items():
+                    np.take(arr, slots, out=out.extras[name])
+            else:
+                reward, last, discount, is_over = self._n_step(slots, n_step, gamma)
+                batch = SampleBatch(
+                    self._gather_states(slots, layout), self._action[slots], reward,
+                    self._gather_states(last, layout), discount, is_over,
+                    self._block_gen[slots // self.block_size] * self.num_slots + slots,
+                    np.ones(batch_size, np.float32),
+                    extras={name: arr[slots] for name, arr in self._extras.items()})
+                if out is None:
+                    out = batch
+                else:
+                    for dst, src in zip(out, batch):
+                        np.copyto(dst, src)
+                    for name, values in batch.extras.items():
+                        np.copyto(out.extras[name], values)
+        if weights is None:
+            out.weights.fill(1.0)
+        else:
+            out.weights[:] = weights
+        return out
+
+    def _check_batch_size(self, batch_size):
+        if self._num_valid < batch_size:
+            raise ValueError(
+                f"cannot sample batch_size={batch_size}: the memory holds {self._num_valid} "
+                f"valid transitions and needs at least {batch_size}")
+
+    def _state_shape(self, batch_size, frames, layout):
+        if layout == 'NHWC':
+            return (batch_size,) + self.state_shape + (frames,)
+        return (batch_size, frames) + self.state_shape
+
+    def _empty_sample(self, batch_size, shape):
+        b = batch_size
+        return SampleBatch(np.empty(shape, self.dtype), np.empty(b, np.int32),
+                           np.empty(b, np.float32), np.empty(shape, self.dtype),
+                           np.empty(b, np.float32), np.empty(b, bool), np.empty(b, np.int64),
+                           np.empty(b, np.float32),
+                           extras={name: np.empty(b, arr.dtype) for name, arr in self._extras.items()})
+
+    def _sampler(self, frames=1, layout='NCHW'):
+        """The C sampler bound to this memory's tables (:class:`expreplay._gather.Ring`), or
+        None: not built, switched off (``expreplay._gather._gather_ext = None``), or a layout
+        it does not take (channels-last needs 1-byte frames, at most 8 a row). The defaults
+        ask only whether the kernel is there (for the draw)."""
+        if not _gather.sampler_takes(self._frames, frames, layout):
+            return None
+        ring = self._ring
+        if ring is None:
+            ring = self._ring = _gather.Ring(
+                self._frames, self._epstep, self._flags, self._action, self._reward,
+                self._block_prev, self._block_next, self._block_gen, self._block_fill,
+                self.history_len,
+                self.block_size, self.ZERO_SLOT)
+        return ring
 
     def _n_step(self, slots, n, gamma):
         """Walk each VALID slot's lane forward up to ``n`` steps within its episode.
@@ -464,7 +555,8 @@ class ReplayMemory:
         Returns (discounted reward sum float32, slot of the bootstrap frame, discount float32,
         terminated bool). A step from a slot without an action (the newest frame of a running
         or abandoned episode) is never taken; frames ahead of a VALID slot are newer than it
-        and therefore still stored (I6).
+        and therefore still stored (I6). The walk ends when every row's episode has, so it
+        costs at most the longest remaining episode, not ``n``.
         """
         bs = self.block_size
         cur = slots
@@ -484,6 +576,8 @@ class ReplayMemory:
                 # An episode's final frame (terminated, truncated or abandoned) has no action,
                 # and the lane's next episode starts in the slot after it: stop there.
                 active &= (self._flags[cur] & _HAS_ACTION) != 0
+                if not active.any():
+                    break
         discount = np.where(terminated, 0.0, discount)
         return total.astype(np.float32), cur, discount.astype(np.float32), terminated
 
@@ -569,6 +663,18 @@ class ReplayMemory:
         ``block_fill`` is a draw over written slots; almost all of them are VALID (the
         exceptions are each episode's final frame and a few slots at block edges).
         """
+        ring = self._sampler()
+        if ring is not None:         # the same draws, mapped and filtered in C
+            chosen = np.empty(n, np.int64)
+            total, got = ring.written(), 0
+            for _ in range(32):
+                u = _integers(rng, total, 2 * (n - got) + 8)
+                got = ring.pick(u if u.dtype == np.int64 else u.astype(np.int64), chosen, got)
+                if got == n:
+                    return chosen
+            chosen = chosen[:got]
+            valid = np.flatnonzero(self._flags & _VALID)
+            return np.concatenate([chosen, valid[_integers(rng, len(valid), n - got)]])
         cum = np.cumsum(self._block_fill)
         total = int(cum[-1])
         chosen = np.empty(0, np.int64)
@@ -598,24 +704,16 @@ class ReplayMemory:
         return np.concatenate([hist, nxt[:, None]], axis=1)
 
     def _gather_states(self, slots, layout):
-        """The states (``history_len`` frames, oldest first) whose newest frame is at each slot.
+        """The states (``history_len`` frames, oldest first) whose newest frame is at each slot:
+        the numpy path (the C sampler, :meth:`_sampler`, builds them itself).
 
-        Channels-last: the C interleave kernel when it is built (for uint8 frames and 2 to 8
-        of them; with its 16-byte stores for 4 frames, about twice numpy's speed below).
-        Without it: most states are ``history_len`` consecutive slots (the exceptions start
-        near an episode's first frame or reach into the lane's previous block), and numpy
-        copies those out of a strided view of the ring (a state = one contiguous run of
-        frames) as fast as it gathers whole frames, about twice the speed of numpy's
-        per-frame interleave; the exceptions go through :func:`gather_frames`.
+        Most states are ``history_len`` consecutive slots (the exceptions start near an
+        episode's first frame or reach into the lane's previous block), and numpy copies those
+        out of a strided view of the ring (a state = one contiguous run of frames) as fast as
+        it gathers whole frames, about twice the speed of numpy's per-frame interleave; the
+        exceptions go through :func:`gather_frames`.
         """
         h = self.history_len
-        if layout == 'NHWC' and h > 1 and gather_kernel_takes(self._frames, h):
-            # The kernel resolves the history slots (as _history_index) and gathers, one call.
-            out = np.empty((len(slots),) + self.state_shape + (h,), self.dtype)
-            _gather.gather_states(self._frames, self._epstep, self._block_prev,
-                                  np.ascontiguousarray(slots, np.int64), out, h,
-                                  self.block_size, self.ZERO_SLOT)
-            return out
         idx = self._history_index(slots)
         if layout != 'NHWC' or h == 1:
             return gather_frames(self._frames, idx, layout)
@@ -775,6 +873,18 @@ class ReplayMemory:
             extra_fields=None if extra_fields is None else {
                 name: dtype.name for name, dtype in check_extra_fields(extra_fields).items()})
         return _checkpoint.load(cls, path, expected)
+
+
+def _check_out(out, shapes, method):
+    """``out`` of an earlier batch: its items ``i`` must have the shapes ``shapes[i]`` (the
+    states'); the kernel (or numpy's copy) checks the other arrays' sizes and dtypes."""
+    try:
+        ok = all(out[i].shape == shape for i, shape in shapes.items())
+    except (TypeError, AttributeError, IndexError, KeyError):
+        ok = False
+    if not ok:
+        raise ValueError(f"out must be a batch returned by an earlier {method}() of the same "
+                         f"batch_size and layout (state shape {shapes[0]})")
 
 
 def _integers(rng, high, size):

@@ -5,23 +5,36 @@ A writer owns its lanes' active blocks (the memory's invariant I1, see
 :mod:`expreplay.memory`): it writes frames into them outside the memory's lock and publishes
 the steps (epstep, action, reward, flags, VALID, priority) under it. The rules of what may be
 written are :mod:`expreplay._inputs`. Both classes are re-exported by :mod:`expreplay.memory`.
+
+The common cases run in the optional C kernel ``expreplay._acting_ext`` (a ``Store`` bound
+once to a writer's tables): a single lane's :meth:`LaneWriter.add_step`, and an acting step of
+many lanes (:meth:`BatchWriter.add_steps_with_history`). Setting ``expreplay.writers._acting_ext``
+to None switches every writer to the numpy path (what the tests do to check both).
+
+A writer dropped without :meth:`~BatchWriter.close` gives its blocks back when it is garbage
+collected (a finalizer queues them; the memory retires them at its next block claim, and
+collects garbage once before it reports that every block is held).
 """
+
+import gc
+import weakref
 
 import numpy as np
 
 from ._checks import check_bool, check_int
 from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
                       check_frames, check_reward, check_rewards)
-from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _VALID
+from ._slots import _FREE, _HAS_ACTION, _VALID
 
-# The optional C kernel of the common acting step is looked up as ``memory._acting_ext`` at
-# call time (a cycle: memory imports this module), so that setting it to None there (as the
-# tests do, for the numpy path) switches every writer off it.
-from . import memory as _memory
+try:  # optional, built by setup.py when a C compiler is available; looked up at call time
+    from . import _acting_ext
+except ImportError:
+    _acting_ext = None
 
 __all__ = ['BatchWriter', 'LaneWriter']
 
 _LANE0 = np.zeros(1, np.int64)
+_LANE0.flags.writeable = False     # LaneWriter's lanes: known good, not checked again
 
 
 class BatchWriter:
@@ -49,8 +62,12 @@ class BatchWriter:
       evicted); the others (just after a block change) take the careful path, which checks
       the previous block's generation and the ``block_prev_intact`` link.
 
-    Use it from one thread. ``lanes`` arguments are int arrays of distinct lane indices in
-    ``[0, num_lanes)``.
+    Use it from one thread. ``lanes`` (of the methods that write): the lanes of the call, a
+    sequence or 1-D array of *distinct* integers in ``[0, num_lanes)``; anything else (bools,
+    floats, a negative or too large lane, a lane twice) is refused, naming ``lanes``, before
+    anything is written (see :meth:`_lanes`).
+
+    Dropped without :meth:`close`, a writer gives its blocks back once it is garbage collected.
     """
 
     def __init__(self, memory, num_lanes):
@@ -63,8 +80,12 @@ class BatchWriter:
         self._cur_gen = np.zeros(k, np.int64)
         self._cur_epstep = np.zeros(k, np.int64)   # kept here: the slot's block may be evicted
         self._cur_off = np.full(k, -1, np.int64)
-        self._safe = 0
+        self._safe = np.zeros(1, np.int64)   # an array: the C kernel counts it down too
         self._closed = False
+        self._bound = None                   # (Store, history, scores, lengths, lives_now)
+        # Not a method of self (it would keep the writer alive), and the memory by weak
+        # reference (a memory holding its legacy writer would otherwise never be freed).
+        self._finalizer = weakref.finalize(self, _give_back, weakref.ref(memory), self._block)
 
     def in_episode(self, lanes=None):
         """Bool array: which lanes are between an episode's first frame and its end."""
@@ -166,24 +187,24 @@ class BatchWriter:
         The kernel stores frames, actions and rewards; what it does not know of (the extra
         fields, a prioritized memory's new tree entries) is added here, under the same hold of
         the memory's lock, so a sampler sees the steps whole."""
-        _acting_ext = _memory._acting_ext
-        if _acting_ext is None or self._safe <= 0 or self._closed:
+        if _acting_ext is None or self._closed:
             return False
         mem = self.memory
         if mem._extras or extras:
             extras = check_extras(extras, mem.extra_fields, len(lanes))
+        bound = self._bound
+        if bound is None or bound[1] is not history or bound[2] is not scores \
+                or bound[3] is not lengths or bound[4] is not lives_now:
+            bound = self._bound = (self._new_store((history._frames, history._pos, history._base,
+                                                    scores, lengths, lives_now)),
+                                   history, scores, lengths, lives_now)
         prio = mem._priorities
         with mem._lock:
             try:
                 # The slots the steps are taken from (published by the kernel), for the hooks.
                 cur = self._cur_slot[lanes] if prio is not None or extras else None
-                n = _acting_ext.store_steps(
-                    lanes, actions, next_frames, rewards, terminated, truncated, lives,
-                    self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
-                    mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
-                    history._frames, history._pos, history._base, scores, lengths, lives_now,
-                    mem._frame_bytes, mem.history_len, mem.block_size, mem.num_slots, mem.num_blocks,
-                    self.num_lanes)
+                n = bound[0].steps(lanes, actions, next_frames, rewards, terminated, truncated,
+                                   lives)
             except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
                 return False
             if n < 0:
@@ -195,35 +216,71 @@ class BatchWriter:
                 prio.on_publish(cur)
             mem._num_valid += n
             mem._num_steps_written += n
-        self._safe -= 1
         return True
 
     def close(self):
         """Detach from the memory: every lane's active block is retired. Idempotent."""
         mem = self.memory
         with mem._lock:
-            for block in self._block[self._block >= 0]:
-                if mem._block_state[block] == _ACTIVE:
-                    mem._retire(int(block))
+            self._finalizer.detach()
+            mem._retire_active(self._block)
             self._block[:] = -1
             self._cur_slot[:] = -1
             self._closed = True
 
     # ------------------------------------------------------------------ internals
+    def _new_store(self, history_tables=None):
+        """The C kernel's binding to this writer's tables (and an acting group's, if given)."""
+        mem = self.memory
+        fmt = memoryview(mem._frames[:0]).format if mem.dtype.kind in 'iub' else ''
+        return _acting_ext.Store(
+            (mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
+             mem._block_gen, mem._block_state, mem._block_prev_intact),
+            (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block, self._safe,
+             self._cur_gen),
+            history_tables, fmt, mem.state_shape, mem.history_len, mem.block_size)
+
     def _lanes(self, lanes):
+        """``lanes`` as an int64 array, by the rule of the class docstring: a sequence or 1-D
+        array of distinct integers in ``[0, num_lanes)``. Checked on every call (it is cheap:
+        a few numpy reductions), because a bad lane corrupts the memory: a repeated lane
+        would count its step twice, a negative one write another lane's block."""
         if self._closed:
             raise RuntimeError("this writer is closed")
-        return np.asarray(lanes, np.int64).reshape(-1)
+        if lanes is _LANE0:
+            return lanes
+        arr = np.asarray(lanes)
+        if arr.ndim > 1 or (arr.dtype.kind not in "iu" and arr.size):
+            raise TypeError(f"lanes must be distinct integer lane indices in [0, {self.num_lanes}), "
+                            f"got {lanes!r}")
+        arr = arr.astype(np.int64, copy=False).reshape(-1)
+        if len(arr) and (arr.min() < 0 or arr.max() >= self.num_lanes):
+            raise ValueError(f"lanes must be in [0, {self.num_lanes}) (this writer's lanes), got "
+                             f"{arr.tolist()}")
+        if len(arr) > 1 and np.bincount(arr, minlength=0).max() > 1:
+            raise ValueError(f"lanes must be distinct (one step per lane per call), got {arr.tolist()}")
+        return arr
 
     def _slots(self, lanes):
         """The slot each lane writes its next frame to (claiming blocks where full)."""
-        if self._safe <= 0:
+        if self._safe[0] <= 0:
             self._claim_where_full()
-        self._safe -= 1
+        self._safe[0] -= 1
         return self._next[lanes]
 
     def _claim_where_full(self):
         """Give every lane with a full (or no) block a new one; recount ``_safe``."""
+        try:
+            self._claim_full_lanes()
+        except RuntimeError:
+            # Every block is held: by writers alive, or by ones dropped in a reference cycle,
+            # which only the cycle collector finds (their finalizers give the blocks back).
+            gc.collect()
+            self._claim_full_lanes()
+        bs = self.memory.block_size
+        self._safe[0] = int((self._block * bs + bs - self._next).min())
+
+    def _claim_full_lanes(self):
         mem = self.memory
         bs = mem.block_size
         blocks = self._block
@@ -232,10 +289,9 @@ class BatchWriter:
             with mem._lock:
                 for j in full.tolist():
                     blocks[j] = mem._claim_block(int(blocks[j]))
-            self._next[full] = blocks[full] * bs
-            # The current observations of those lanes now lie in the previous block.
-            self._cur_off[full] = -1
-        self._safe = int((blocks * bs + bs - self._next).min())
+                    self._next[j] = blocks[j] * bs
+                    # The lane's current observation now lies in the previous block.
+                    self._cur_off[j] = -1
 
     def _advance(self, lanes, slots, epsteps):
         """The frames just written at ``slots`` are the lanes' current observations."""
@@ -284,6 +340,10 @@ class LaneWriter:
     def __init__(self, memory):
         self.memory = memory
         self._writer = BatchWriter(memory, 1)
+        # The C kernel's binding for add_step's common case (None: not built, or a memory
+        # whose steps it does not take: extra fields, float frames).
+        self._store = (self._writer._new_store() if _acting_ext is not None
+                       and not memory._extras and memory.dtype.kind in 'iub' else None)
 
     @property
     def in_episode(self):
@@ -312,6 +372,19 @@ class LaneWriter:
                 step (a scalar each), e.g. ``{'lives': info['lives']}``; returned with the
                 transition from the current observation.
         """
+        store = self._store
+        if store is not None and _acting_ext is not None and extras is None:
+            # The common case (int action, float reward, a frame of the memory's shape and
+            # dtype, no end, room in the block) checked and stored in one C call.
+            mem = self.memory
+            with mem._lock:
+                cur = store.step(action, reward, next_obs, terminated, truncated)
+                if cur >= 0:
+                    mem._num_valid += 1
+                    mem._num_steps_written += 1
+                    if mem._priorities is not None:
+                        mem._priorities.on_publish(cur)
+                    return
         if self._writer._cur_slot[0] < 0:
             raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
                                "with the reset observation first")
@@ -336,6 +409,14 @@ class LaneWriter:
     # The one-value forms of the input rules (expreplay._inputs).
     _check_action = staticmethod(check_action)
     _check_reward = staticmethod(check_reward)
+
+
+def _give_back(memory_ref, blocks):
+    """A writer's finalizer: queue its active blocks for the memory to retire. It takes no lock
+    (it may run in any thread, inside any code, the garbage collector's own time)."""
+    memory = memory_ref()
+    if memory is not None:
+        memory._abandoned.append(blocks)
 
 
 def _batch(arr, n, name, ndim=1):

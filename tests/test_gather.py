@@ -133,15 +133,16 @@ def test_extension_validates_its_arguments():
         ext.interleave(frames, idx, out.copy().T)                # not C-contiguous
 
 
-def test_gather_states_resolves_histories_like_the_memory():
-    """The memory's one-call state gather gives exactly _history_index + gather_frames, at
-    episode starts (zero frames) and across block edges (the lane's previous block)."""
+def test_the_memory_sampler_resolves_histories_like_the_memory():
+    """The memory's C sampler (Ring) gives exactly _history_index + gather_frames for the
+    states, and _n_step's walk, at episode starts (zero frames) and across block edges (the
+    lane's previous block), in both layouts; and it refuses bad slots and buffers."""
     ext = _gather._gather_ext
     if ext is None:
         pytest.skip('C extension expreplay._gather_ext not built')
     from expreplay import ReplayMemory
     rng = np.random.default_rng(0)
-    for h in (2, 4, 5):
+    for h in (1, 2, 4, 5):
         mem = ReplayMemory(200, (6, 7), h, block_size=max(h, 6))
         writers = [mem.new_writer() for _ in range(3)]
         for i in range(3000):
@@ -149,23 +150,34 @@ def test_gather_states_resolves_histories_like_the_memory():
             if i < 3 or rng.random() < 0.05:
                 w.start_episode(rng.integers(0, 256, (6, 7), dtype=np.uint8))
             else:
-                w.add_step(0, 0.0, rng.integers(0, 256, (6, 7), dtype=np.uint8))
-        slots = np.flatnonzero(mem._flags & 1)
+                w.add_step(int(rng.integers(5)), float(rng.integers(-3, 4)),
+                           rng.integers(0, 256, (6, 7), dtype=np.uint8))
+        slots = np.flatnonzero(mem._flags & 1).astype(np.int64)
         assert len(slots) > 100
-        want = gather_frames(mem._frames, mem._history_index(slots), 'NHWC')
-        out = np.empty_like(want)
-        ext.gather_states(mem._frames, mem._epstep, mem._block_prev, slots.astype(np.int64), out,
-                          h, mem.block_size, mem.ZERO_SLOT)
-        np.testing.assert_array_equal(out, want)
-        assert (mem._epstep[slots] < h - 1).any()                       # zero-padded ones
-        assert (slots % mem.block_size < h - 1).any()                   # across a block edge
+        assert (mem._epstep[slots] < h - 1).any() or h == 1                # zero-padded ones
+        assert (slots % mem.block_size < h - 1).any() or h == 1            # across a block edge
+        ring = mem._sampler()
+        for layout in ('NHWC', 'NCHW'):
+            out = mem._empty_sample(len(slots), mem._state_shape(len(slots), h, layout))
+            ring.sample(slots, 3, 0.9, layout == 'NCHW', out.state, out.next_state, out.action,
+                        out.reward, out.discount, out.is_over, out.indices)
+            reward, last, discount, is_over = mem._n_step(slots, 3, 0.9)
+            for got, idx in ((out.state, mem._history_index(slots)),
+                             (out.next_state, mem._history_index(last))):
+                np.testing.assert_array_equal(got, gather_frames(mem._frames, idx, layout))
+            np.testing.assert_array_equal(out.reward, reward)
+            np.testing.assert_array_equal(out.discount, discount)
+            np.testing.assert_array_equal(out.is_over, is_over)
+            np.testing.assert_array_equal(out.action, mem._action[slots])
+        bufs = (out.state, out.next_state, out.action, out.reward, out.discount, out.is_over,
+                 out.indices)
         with pytest.raises(IndexError):
-            ext.gather_states(mem._frames, mem._epstep, mem._block_prev,
-                              np.array([10 ** 9], np.int64), out[:1], h, mem.block_size,
-                              mem.ZERO_SLOT)
+            ring.sample(np.full(len(slots), 10 ** 9, np.int64), 1, 0.9, layout == 'NCHW', *bufs)
         with pytest.raises(ValueError):
-            ext.gather_states(mem._frames, mem._epstep.astype(np.int64), mem._block_prev,
-                              slots.astype(np.int64), out, h, mem.block_size, mem.ZERO_SLOT)
+            ring.sample(slots[:1], 1, 0.9, layout == 'NCHW', *bufs)       # buffers of B rows
         with pytest.raises(ValueError):
-            ext.gather_states(mem._frames, mem._epstep, mem._block_prev,
-                              slots.astype(np.int64), out[:1], h, mem.block_size, mem.ZERO_SLOT)
+            ring.sample(slots.astype(np.int32), 1, 0.9, layout == 'NCHW', *bufs)
+        with pytest.raises(ValueError):
+            ring.sample(slots, 1, 0.9, layout == 'NCHW', *bufs[:2], out.reward, *bufs[3:])
+        with pytest.raises(ValueError):
+            ring.comb(slots, True, out.state, out.action, out.reward, out.is_over)

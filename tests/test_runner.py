@@ -164,9 +164,9 @@ def kernels(request, monkeypatch):
     they are a shortcut for (as on a machine without a compiler)."""
     if request.param == 'numpy':
         import expreplay.acting
-        import expreplay.memory
+        import expreplay.writers
         monkeypatch.setattr(expreplay.acting, '_acting_ext', None)
-        monkeypatch.setattr(expreplay.memory, '_acting_ext', None)
+        monkeypatch.setattr(expreplay.writers, '_acting_ext', None)
     elif expreplay_kernels_missing():
         pytest.skip("the C kernels are not built here")
     return request.param
