@@ -8,11 +8,11 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        # The channels-last gather of sampled states (about 4x numpy for NHWC);
-        # fallback: numpy in expreplay/_gather.py.
+        # The sampler (the uniform draw, the n-step walk, both states in one pass);
+        # fallback: numpy in expreplay/memory.py and expreplay/_gather.py.
         Extension('expreplay._gather_ext', ['expreplay/_gather_ext.c'], optional=True),
-        # The common case of an acting step (draws, state rows, Q-value checks, the store);
-        # fallback: numpy in expreplay/acting.py, slower per step for a few lanes.
+        # The write path (a single lane's add_step; an acting step's draws, state rows,
+        # Q-value checks and store); fallback: numpy in expreplay/writers.py and acting.py.
         Extension('expreplay._acting_ext', ['expreplay/_acting_ext.c'], optional=True),
         # The priority tree's descent and updates; fallback: numpy in expreplay/priority.py,
         # a few numpy calls per tree level.

@@ -13,8 +13,8 @@ from ._extras import EXTRA_MODULES, missing_modules
 
 # The optional C kernels setup.py builds, and what each one speeds up (each falls back to numpy).
 KERNELS = {
-    '_gather_ext': 'channels-last gather of sampled states',
-    '_acting_ext': "the common case of an acting step",
+    '_gather_ext': 'the sampler: draws, n-step walks, states gathered in one pass',
+    '_acting_ext': "the write path: add_step and an acting step in one call",
     '_tree_ext': "the priority tree's draws and updates",
 }
 
