@@ -47,6 +47,9 @@ except ImportError as err:
     raise extra_import_error('RayVectorEnv', 'ray', err) from err
 
 from ._checks import check_callable, check_int, check_real, check_timeout
+# The rules for what an env may return, applied in the actor where the values are first seen
+# (casting there first would round an integer reward or read the string 'False' as True).
+from .envs import _flag, _flags, _reward, _rewards
 
 __all__ = ['RayVectorEnv', 'ActorFailedError', 'EnvBuildError']
 
@@ -193,11 +196,11 @@ class _EnvHost:
             lives = info.get('lives') if isinstance(info, dict) else None
             lives = None if lives is None else np.asarray(lives, np.int64)
             obs = np.asarray(obs, self.dtype)
-            reward = np.asarray(reward, np.float32)
-            term, trunc = np.asarray(term, bool), np.asarray(trunc, bool)
+            reward = _rewards(reward, self.n)
+            term, trunc = _flags(term, self.n, 'terminated'), _flags(trunc, self.n, 'truncated')
         else:
             obs = np.empty((self.n,) + tuple(self.obs_space.shape), self.dtype)
-            reward = np.zeros(self.n, np.float32)
+            reward = np.zeros(self.n)
             term, trunc = np.zeros(self.n, bool), np.zeros(self.n, bool)
             infos = []
             for j, env in enumerate(self.envs):
@@ -206,7 +209,9 @@ class _EnvHost:
                     self.ended[j] = False
                 else:
                     o, r, te, tr, info = env.step(actions[j])
-                    reward[j], term[j], trunc[j] = r, te, tr
+                    reward[j] = _reward(r, "step()'s reward")
+                    te, tr = _flag(te, 'terminated'), _flag(tr, 'truncated')
+                    term[j], trunc[j] = te, tr
                     self.ended[j] = te or tr
                 obs[j] = o
                 infos.append(info)

@@ -637,3 +637,39 @@ def test_env_runner_async_path_through_a_killed_actor_loses_and_tears_nothing(lo
         assert sum(check_batch(mem.sample_batch(64, rng=b), rec.truth.envs, H) for _ in range(10)) == 640
     finally:
         env.close()
+
+
+class _OddOutputs(gym.Env):
+    """Steps return what a careless env might: an integer reward float32 can not hold, or a
+    string flag."""
+    observation_space = gym.spaces.Box(0, 255, (6,), np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(6, np.uint8), {}
+
+    def step(self, action):
+        if self.kind == 'reward':
+            return np.zeros(6, np.uint8), 16_777_217, False, False, {}
+        return np.zeros(6, np.uint8), 0.0, 'False', False, {}
+
+
+@pytest.mark.parametrize('kind, match', [('reward', '16777217'), ('flag', 'terminated')])
+def test_an_actor_refuses_what_the_in_process_players_refuse(local_ray, kind, match):
+    # The actor applies the env-output rules where the values are first seen: a cast to
+    # float32 / bool there would round 16777217 to 16777216 and read 'False' as True unseen.
+    env = RayVectorEnv(functools.partial(_OddOutputs, kind), 1, 1, step_timeout=30, max_restarts=0)
+    try:
+        env.reset()
+        with pytest.raises(ActorFailedError) as ei:
+            env.step(np.zeros(1, int))
+        chain, err = [], ei.value
+        while err is not None:
+            chain.append(str(err))
+            err = err.__cause__
+        assert any(match in text for text in chain), chain
+    finally:
+        env.close()
