@@ -73,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument('--replay-start', type=int, default=5_000,
                    help='random-policy frames before the first update')
     p.add_argument('--batch-size', type=int, default=32)
+    p.add_argument('--update-frequency', type=int, default=1,
+                   help='frames per update (the paper: 1; the replay ratio is batch/this)')
     p.add_argument('--target-update', type=int, default=1_000,
                    help='copy the online network into the target network every N updates')
     p.add_argument('--exploration-frames', type=int, default=100_000,
@@ -251,17 +253,21 @@ class EpisodeLog:
             self.file.close()
 
 
-def evaluate(q_values, game, episodes, seed):
-    """Scores of greedy episodes (argmax Q; the env keeps its sticky actions)."""
+def evaluate(q_values, game, episodes, seed, max_frames=10_000):
+    """Scores of greedy episodes (argmax Q; the env keeps its sticky actions).
+
+    An episode stops after ``max_frames``: a good Breakout player may never lose the ball.
+    """
     env, scores = make_env(game), []
     for i in range(episodes):
         obs, _ = env.reset(seed=seed + i)
-        score, done = 0.0, False
-        while not done:
+        score = 0.0
+        for _ in range(max_frames):
             action = int(np.argmax(q_values(obs[None, ..., None])[0]))
-            obs, reward, done, truncated, _ = env.step(action)
+            obs, reward, terminated, truncated, _ = env.step(action)
             score += reward
-            done = done or truncated
+            if terminated or truncated:
+                break
         scores.append(score)
     env.close()
     return np.array(scores)
@@ -280,7 +286,8 @@ def train(args):
         num_parallel_players=1,   # the paper's one env, stepped inline between updates
         state_shape=(10, 10, channels), state_dtype='bool', history_len=1,
         batch_size=args.batch_size, memory_size=args.memory_size,
-        init_memory_size=args.replay_start, update_frequency=1, seed=args.seed, progress=False,
+        init_memory_size=args.replay_start, update_frequency=args.update_frequency,
+        seed=args.seed, progress=False,
         on_episode_end=episodes, n_step=args.n_step, gamma=args.gamma,
         prioritized=args.prioritized, alpha=args.alpha,
         beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k / args.frames))
@@ -289,24 +296,26 @@ def train(args):
     last_frames = 0
     with stream:   # closing joins every thread, also on Ctrl-C or an error
         for batch in stream:
-            frame = args.replay_start + learner.updates   # frames stepped so far
             td = learner.update(*unpack(batch, args.gamma))
             if args.prioritized:
                 stream.update_priorities(batch.indices, td)
-            stream.exploration = epsilon(frame + 1, args)   # for the step after this update
+            # Frames in the memory now; the stream steps update_frequency more when the loop
+            # asks for the next batch, with this epsilon.
+            frames = args.replay_start + (learner.updates - 1) * args.update_frequency
+            stream.exploration = epsilon(frames, args)
             now = time.time()
-            if now - last_log >= args.log_every or frame + 1 >= args.frames:
+            if now - last_log >= args.log_every or frames >= args.frames:
                 recent = [score for _, score in episodes.recent()]
-                line = (f"progress: {frame + 1} frames ({(frame + 1 - last_frames) / (now - last_log):.0f}/s), "
+                line = (f"progress: {frames} frames ({(frames - last_frames) / (now - last_log):.0f}/s), "
                         f"{learner.updates} updates, {len(recent)} games")
                 if recent:
                     line += f", mean score {np.mean(recent):.2f} (max {max(recent):.0f})"
                 print(line + f", epsilon {stream.exploration:.3f}", flush=True)
-                last_log, last_frames = now, frame + 1
-            if frame + 1 >= args.frames:
+                last_log, last_frames = now, frames
+            if frames >= args.frames:
                 break
     episodes.close()
-    print(f"training done: {args.frames} frames, {len(episodes.rows)} games in "
+    print(f"training done: {frames} frames, {len(episodes.rows)} games in "
           f"{time.time() - start:.0f} s", flush=True)
     return learner, episodes
 
@@ -317,6 +326,7 @@ def main(argv=None):
     if args.eval_episodes:
         scores = evaluate(learner.q_values, args.game, args.eval_episodes, seed=10**6 + args.seed)
         print(f"greedy mean score {scores.mean():.2f} over {len(scores)} episodes")
+        return scores
 
 
 if __name__ == '__main__':
