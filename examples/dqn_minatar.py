@@ -295,7 +295,8 @@ def train(args):
         seed=args.seed, progress=False,
         on_episode_end=episodes, n_step=args.n_step, gamma=args.gamma,
         prioritized=args.prioritized, alpha=args.alpha,
-        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k / args.frames))
+        # beta: annealed to 1 over the run (batch k comes after k * update_frequency frames).
+        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency / args.frames))
         if args.prioritized else None)
     start = last_log = time.time()
     last_frames = 0
