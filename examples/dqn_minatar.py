@@ -194,7 +194,7 @@ class DQNLearner:
         self.target = QNetwork(channels, num_actions, rng)
         self.target.copy_from(self.online)
         self.optimizer = CentredRMSProp(self.online.params, args.lr)
-        self.gamma, self.target_update = args.gamma, args.target_update
+        self.target_update = args.target_update
         self.updates = 0
 
     def q_values(self, states):
@@ -222,7 +222,8 @@ def unpack(batch, gamma):
         return (batch.state[..., 0], batch.action, batch.reward, batch.next_state[..., 0],
                 batch.discount, batch.weights)
     comb, action, reward, is_over = batch    # tensorpack's 4-list: frames t and t+1
-    return comb[..., 0], action, reward, comb[..., 1], gamma * ~is_over, np.ones_like(reward)
+    discount = np.where(is_over, 0.0, gamma).astype(np.float32)
+    return comb[..., 0], action, reward, comb[..., 1], discount, np.ones_like(reward)
 
 
 def epsilon(frame, args):
