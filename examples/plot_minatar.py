@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Learning curves of ``dqn_minatar.py`` runs, measured as the MinAtar paper does, beside its DQN.
+
+    python examples/dqn_minatar.py --game breakout --seed 0 --returns runs/breakout_0.csv
+    ...                                                     # one file per game and seed
+    python examples/plot_minatar.py runs/*.csv --csv docs/minatar_curves.csv --png docs/minatar_curves.png
+
+Each input is a ``--returns`` file (``frames,score`` per training episode) named
+``<game>_<seed>.csv``. The paper's measure (Young & Tian 2019, its learning-curve figure, the
+MinAtar repository's ``img/learning_curves.gif`` and ``examples/plot_return.py``) is the moving
+average of the returns of the last 100 training episodes, plotted at the frame where the last of
+them ended, averaged over runs. This script samples that moving average every ``--every`` frames
+(the last value at or before each point) and writes rows ``game,seed,frames,score``; the plot
+shows every seed, their mean, and the paper's DQN curve.
+
+``PAPER_DQN`` was read off the paper's figure (the GIF in the MinAtar repository, 3038 px wide):
+the DQN curve's pixels, mapped through the axes' tick marks. One pixel is ~7k frames and ~0.04
+points (Breakout) or ~0.45 points (Space Invaders); the line is 3-4 pixels thick. Where the curve
+climbs steeply (the first 100k-150k frames) a 7k-frame error in x moves the reading by up to
+~0.6 points (Breakout) or ~2 (Space Invaders). Before 75k frames (Breakout) and 25k (Space
+Invaders) the curve is hidden under the other algorithms' curves.
+"""
+
+import argparse
+import collections
+import csv
+import os
+import re
+
+import numpy as np
+
+# frames -> the paper's DQN score (mean of 30 runs' 100-episode moving average), read off its figure.
+PAPER_DQN = {
+    'breakout': [(75_000, 3.7), (100_000, 4.4), (125_000, 5.0), (150_000, 5.3), (200_000, 6.1),
+                 (250_000, 6.7), (300_000, 7.2), (400_000, 8.2), (500_000, 8.3), (750_000, 8.9),
+                 (1_000_000, 9.3), (1_500_000, 9.4), (2_000_000, 9.6), (3_000_000, 9.8),
+                 (4_000_000, 9.9)],
+    'space_invaders': [(25_000, 6.7), (50_000, 8.8), (75_000, 12.4), (100_000, 16.5),
+                       (125_000, 20.3), (150_000, 21.1), (200_000, 21.0), (300_000, 22.6),
+                       (400_000, 26.3), (750_000, 28.2), (1_000_000, 32.7), (1_500_000, 38.9),
+                       (2_000_000, 41.6), (3_000_000, 44.3), (4_000_000, 44.0)],
+}
+TITLES = {'breakout': 'Breakout', 'space_invaders': 'Space Invaders', 'asterix': 'Asterix',
+          'freeway': 'Freeway', 'seaquest': 'Seaquest'}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('returns', nargs='+', help='--returns files of dqn_minatar.py, <game>_<seed>.csv')
+    p.add_argument('--csv', help='write the sampled curves here (game,seed,frames,score)')
+    p.add_argument('--png', help='draw the curves here')
+    p.add_argument('--window', type=int, default=100, help='episodes per moving average (paper: 100)')
+    p.add_argument('--every', type=int, default=5_000, help='frames between curve points')
+    return p.parse_args(argv)
+
+
+def read_returns(path):
+    with open(path, newline='') as f:
+        rows = [(int(r['frames']), float(r['score'])) for r in csv.DictReader(f)]
+    return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+
+
+def moving_average_curve(frames, scores, window, every):
+    """(points, values): the mean of the last ``window`` episodes ended by each point."""
+    if len(scores) < window:
+        return np.array([], int), np.array([])
+    averages = np.convolve(scores, np.ones(window) / window, mode='valid')   # ends at episode window-1..
+    ends = frames[window - 1:]
+    points = np.arange(every * -(-ends[0] // every), ends[-1] + 1, every)
+    latest = np.searchsorted(ends, points, side='right') - 1    # last average ended at or before
+    return points, averages[latest]
+
+
+def load_runs(paths, window, every):
+    """{game: {seed: (points, values)}} from files named <game>_<seed>.csv."""
+    runs = collections.defaultdict(dict)
+    for path in paths:
+        match = re.fullmatch(r'(.+)_(\d+)\.csv', os.path.basename(path))
+        if not match:
+            raise SystemExit(f"{path}: expected a file named <game>_<seed>.csv")
+        runs[match.group(1)][int(match.group(2))] = moving_average_curve(*read_returns(path), window, every)
+    return runs
+
+
+def write_csv(runs, path):
+    with open(path, 'w', newline='') as f:
+        out = csv.writer(f)
+        out.writerow(['game', 'seed', 'frames', 'score'])
+        for game in sorted(runs):
+            for seed in sorted(runs[game]):
+                for frames, score in zip(*runs[game][seed]):
+                    out.writerow([game, seed, int(frames), f"{score:.3f}"])
+
+
+def seed_mean(curves):
+    """(points, mean over seeds) at the points every seed reached."""
+    common = set.intersection(*(set(points.tolist()) for points, _ in curves.values()))
+    common = np.array(sorted(common), int)
+    values = [v[np.isin(p, common)] for p, v in curves.values()]
+    return common, np.mean(values, axis=0)
+
+
+def plot(runs, path, window):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    games = sorted(runs)
+    fig, axes = plt.subplots(1, len(games), figsize=(5.5 * len(games), 4), squeeze=False)
+    for ax, game in zip(axes[0], games):
+        curves = runs[game]
+        for seed, (points, values) in sorted(curves.items()):
+            ax.plot(points / 1e3, values, lw=0.8, alpha=0.5, label=f'seed {seed}')
+        points, mean = seed_mean(curves)
+        ax.plot(points / 1e3, mean, lw=2.2, color='C0', label=f'mean of {len(curves)} seeds')
+        reached = max(p[-1] for p, _ in curves.values())
+        paper = [(f, s) for f, s in PAPER_DQN.get(game, []) if f <= 1.5 * reached]
+        if paper:
+            f, s = zip(*paper)
+            ax.plot(np.array(f) / 1e3, s, 'ks--', ms=4, lw=1, label="paper's DQN (read off its figure)")
+        ax.set_title(TITLES.get(game, game))
+        ax.set_xlabel('frames (thousands)')
+        ax.set_ylabel(f'mean return of the last {window} training episodes')
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    runs = load_runs(args.returns, args.window, args.every)
+    if args.csv:
+        write_csv(runs, args.csv)
+    if args.png:
+        plot(runs, args.png, args.window)
+    for game in sorted(runs):
+        points, mean = seed_mean(runs[game])
+        if len(points):
+            print(f"{game}: {len(runs[game])} seeds, mean {mean[-1]:.2f} at {points[-1]} frames")
+
+
+if __name__ == '__main__':
+    main()
