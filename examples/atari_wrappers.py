@@ -63,6 +63,7 @@ class AtariPreprocess(gym.Wrapper):
         self.size = tuple(size)
         meanings = env.unwrapped.get_action_meanings()
         self.fire = fire_reset and len(meanings) >= 3 and meanings[1] == 'FIRE'
+        self._action_set = env.unwrapped._action_set      # action index -> the ALE's action
         h, w = self.ale.getScreenDims()
         self._screens = np.zeros((2, h, w), np.uint8)   # the last two raw frames of a skip
         self._lives = 0
@@ -97,10 +98,16 @@ class AtariPreprocess(gym.Wrapper):
         return info
 
     def step(self, action):
-        total, terminated, truncated, info = 0.0, False, False, {}
+        # The skipped frames go straight to the emulator (ale.act, which releases the GIL,
+        # sticky actions included) rather than through the wrapped env's step: that would
+        # copy out an RGB screen and build an info dict for each of them, under the GIL, only
+        # for them to be thrown away. The ends and the info are the wrapped env's own.
+        ale, code = self.ale, self._action_set[action]
+        total, terminated, truncated = 0.0, False, False
         for t in range(self.frame_skip):
-            _, reward, terminated, truncated, info = self.env.step(action)
-            total += reward
+            total += ale.act(code)
+            terminated = ale.game_over(with_truncation=False)
+            truncated = ale.game_truncated()
             if t >= self.frame_skip - 2:   # keep the last two frames for the max-pool
                 self.ale.getScreenGrayscale(self._screens[t - self.frame_skip + 2])
             if terminated or truncated:
@@ -110,6 +117,8 @@ class AtariPreprocess(gym.Wrapper):
                     self._screens[0] = self._screens[1]
                 break
         lives = self.ale.lives()
+        info = {'lives': lives, 'episode_frame_number': ale.getEpisodeFrameNumber(),
+                'frame_number': ale.getFrameNumber()}
         if self.fire and lives < self._lives and not (terminated or truncated):
             info = self._press_fire(info)   # relaunch the ball after a lost life
             self.ale.getScreenGrayscale(self._screens[1])

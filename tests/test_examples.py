@@ -295,6 +295,55 @@ def test_atari_preprocessing():
     b.close()
 
 
+@pytest.mark.parametrize('game', ['ALE/Pong-v5', 'ALE/Breakout-v5'])
+def test_atari_preprocessing_steps_the_emulator_as_the_wrapped_env_does(game):
+    # The preprocessing drives the emulator directly: every agent step must give what stepping
+    # the wrapped env frame by frame gives (sticky actions, rewards, ends, lives, the max of
+    # the last two frames), lost lives, fire presses and a game's end included.
+    import cv2
+    from atari_wrappers import make_env
+    env = make_env(game, noop_max=0)
+    twin = make_env(game, noop_max=0).env            # the same env without the preprocessing
+
+    def reset(seed):
+        _, info = env.reset(seed=seed)
+        twin.reset(seed=seed)
+        for press in (1, 2) if env.fire else ():     # what the preprocessing's reset pressed
+            twin.step(press)
+        return info['lives']
+
+    lives = reset(5)
+    rng = np.random.default_rng(0)
+    ends = lost = 0
+    for _ in range(1500):
+        action = int(rng.integers(env.action_space.n))
+        obs, reward, terminated, truncated, info = env.step(action)
+        total, screens = 0.0, []
+        for t in range(4):
+            _, r, te, tr, twin_info = twin.step(action)
+            total += r
+            screens.append(twin.unwrapped.ale.getScreenGrayscale())
+            if te or tr:
+                break
+        assert (reward, terminated, truncated) == (total, te, tr)
+        assert info['lives'] == twin_info['lives']
+        pooled = np.maximum(screens[2], screens[3]) if len(screens) == 4 else screens[-1]
+        if env.fire and info['lives'] < lives and not (te or tr):
+            lost += 1                                # the ball is relaunched after a lost life
+            for press in (1, 2):
+                twin.step(press)
+            pooled = twin.unwrapped.ale.getScreenGrayscale()
+        np.testing.assert_array_equal(
+            obs, cv2.resize(pooled, (84, 84), interpolation=cv2.INTER_AREA))
+        lives = info['lives']
+        if terminated or truncated:
+            ends += 1
+            lives = reset(5 + ends)
+    assert ends or lost, "the run saw no game end and no lost life: it checked too little"
+    env.close()
+    twin.close()
+
+
 def test_evaluator_stacks_history_like_the_memory():
     """The evaluator feeds the network the states the memory trains it on."""
     from dqn_model import HistoryStack
