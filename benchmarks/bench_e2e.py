@@ -205,7 +205,7 @@ def learner_alone(seconds):
 def cpu_ms_per_env_step(steps=2000):
     """(CPU ms per Pong step, of which ms inside ``ale.act``), one env, random actions."""
     env = pong()
-    atari = env.unwrapped              # gymnasium's AtariEnv: its step() calls self.ale.act
+    atari = env.unwrapped              # gymnasium's AtariEnv, whose ALE the wrappers drive
     ale, in_act = atari.ale, [0.0]
 
     class TimedAle:        # ale.act releases the GIL: time it apart from the Python around it
@@ -218,7 +218,13 @@ def cpu_ms_per_env_step(steps=2000):
             in_act[0] += time.thread_time() - t
             return out
 
-    atari.ale = TimedAle()
+    timed = TimedAle()
+    atari.ale = timed
+    layer = env
+    while layer is not atari:          # the preprocessing keeps the ALE it drives too
+        if 'ale' in vars(layer):
+            layer.ale = timed
+        layer = layer.env
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     c0 = time.thread_time()
