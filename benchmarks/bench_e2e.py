@@ -46,7 +46,6 @@ exits frees them and its memory).
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import queue
@@ -60,6 +59,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, os.path.join(ROOT, 'examples'), HERE]
+from bench_population import load_reference  # noqa: E402  (the one loader of the original)
 
 HISTORY = 4
 FRAME = (84, 84)
@@ -110,14 +110,6 @@ class OldGymPong:
     def step(self, action):
         obs, reward, terminated, truncated, info = self.env.step(action)
         return obs, reward, terminated or truncated, info
-
-
-def load_reference(path):
-    spec = importlib.util.spec_from_file_location('tensorpack_expreplay', path)
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
-    ref.ShareSessionThread = lambda t: t     # no TF session outside a trainer
-    return ref
 
 
 # ---------------------------------------------------------------------------- contestants

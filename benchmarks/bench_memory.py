@@ -46,11 +46,11 @@ Usage: python benchmarks/bench_memory.py [--size 1000000] [--rounds 15] [--batch
 
 import argparse
 import copy
-import importlib.util
 import time
 
 import numpy as np
 
+from bench_population import load_reference   # the one loader of tensorpack's original
 from expreplay import ReplayMemory
 
 
@@ -110,14 +110,6 @@ def fill_cpprb(size, pool, episodes, history_len, prioritized=True):
         if added >= size:
             break
     return rb
-
-
-def load_reference(path):
-    """tensorpack's original expreplay module, loaded from ``path`` (it needs tensorpack)."""
-    spec = importlib.util.spec_from_file_location('tensorpack_expreplay', path)
-    ref = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ref)
-    return ref
 
 
 def make_writers(size, reference):
