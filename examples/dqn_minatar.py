@@ -290,6 +290,9 @@ def train(args):
     stream = ReplayStream(
         learner.q_values, lambda: make_env(args.game),
         num_parallel_players=1,   # the paper's one env, stepped inline between updates
+        # The paper alternates a frame and an update: drawn ahead, batches would let the env
+        # run up to `prefetch` updates ahead of the learner's weights (and of --frames).
+        prefetch=0,
         state_shape=(10, 10, channels), state_dtype='bool', history_len=1,
         batch_size=args.batch_size, memory_size=args.memory_size,
         init_memory_size=args.replay_start, update_frequency=args.update_frequency,
