@@ -130,6 +130,16 @@ class Prefetcher:
             cond.notify_all()         # room for the thread
             return item
 
+    def wait_full(self, timeout=None):
+        """Wait until ``depth`` results are ready (the thread is then waiting for room, making
+        nothing), or the thread has stopped; True if full. For a consistent reading of what
+        the thread has done so far."""
+        with self._cond:
+            self._cond.wait_for(lambda: len(self._items) >= self.depth or self._stopped
+                                or self._error is not None or not self._thread.is_alive(),
+                                timeout)
+            return len(self._items) >= self.depth
+
     def unraised_error(self):
         """The exception that stopped the thread if :meth:`get` never raised it, else None."""
         with self._cond:

@@ -321,6 +321,10 @@ def test_vector_env_players_insert_update_frequency_per_batch(prefetch):
             check_batch(batch, envs, HISTORY)
             if k == 120:
                 break
+        if prefetch:
+            # Read the counts while the prefetch thread is idle (its buffer full), not while
+            # it is making the requests of its next batch.
+            assert stream._prefetcher.wait_full(timeout=60)
         drawn = stream.stats()['batches_drawn']
         steps = stream.memory.num_steps_written - written_after_fill
         measured = stream.stats()['samples_per_insert']
