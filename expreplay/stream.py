@@ -759,9 +759,9 @@ REPLAY_ARGS
 
     def sample(self):
         """One batch, without requesting new environment steps (thread-safe)."""
-        # Reusable output buffers (a sample API taking ``out=``) would go here: with a
-        # prefetcher, a ring of ``prefetch + 2`` of them (the queued batches, the one the
-        # thread fills, the one the learner holds), each reused only after it was handed on.
+        # A fresh batch each time, not the memory's ``out=`` buffers: a learner may keep a
+        # batch it was handed (a list of recent batches, a framework that copies lazily), and
+        # a reused buffer would change under it; allocating is not what limits the stream.
         with self._sample_lock:
             if not self.named_batches:
                 return self.memory.sample_batch(self.batch_size, rng=self._rng,
