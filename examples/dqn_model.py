@@ -255,7 +255,7 @@ class PrioritizedNStepMixin:
     """Train a :class:`DQNModel` on the n-step, prioritized batches of ``ExpReplay(n_step=...,
     prioritized=True)``: ``class Model(PrioritizedNStepMixin, DQNModel)``.
 
-    Inputs: the fields of :class:`expreplay.memory.SampleBatch` (``state``, ``action``,
+    Inputs: the fields of :class:`expreplay.storage.memory.SampleBatch` (``state``, ``action``,
     ``reward``, ``next_state``, ``discount``, ``is_over``, ``sample_indices``, ``is_weights``).
     The target is ``reward + discount * Q_target(next_state, .)`` (the memory's discount is
     ``gamma ** k`` for the k steps summed, 0 after a terminal step, so the model's ``gamma`` is

@@ -9,26 +9,26 @@ the importable extras.
 
 import importlib
 
-from .memory import CheckpointError, Experience, LaneWriter, ReplayMemory
+from .storage import CheckpointError, Experience, LaneWriter, ReplayMemory
 
 __version__ = '0.1.0'
 
 # name -> module that defines it; imported on first use (PEP 562), so that importing the
 # package never pulls in TensorFlow, and the runner machinery only when it is used.
 _LAZY = {
-    'EnvRunner': '.runner',
-    'EnvRunnerManager': '.runner',
+    'EnvRunner': '.acting',
+    'EnvRunnerManager': '.acting',
     'ExpReplay': '.tensorpack_io',
     'ReplayStream': '.stream',
-    'EpisodeStart': '.episodes',
-    'ProceduralSeeds': '.episodes',
-    'FixedSeed': '.episodes',
-    'SeedList': '.episodes',
-    'Curriculum': '.episodes',
-    'RestartPool': '.episodes',
-    'EpisodeRecord': '.episodes',
-    'EpisodeLog': '.episodes',
-    'read_episode_log': '.episodes',
+    'EpisodeStart': '.acting.episodes',
+    'ProceduralSeeds': '.acting.episodes',
+    'FixedSeed': '.acting.episodes',
+    'SeedList': '.acting.episodes',
+    'Curriculum': '.acting.episodes',
+    'RestartPool': '.acting.episodes',
+    'EpisodeRecord': '.acting.episodes',
+    'EpisodeLog': '.acting.episodes',
+    'read_episode_log': '.acting.episodes',
     'export_minari': '.minari_io',
     'load_minari': '.minari_io',
     'RayVectorEnv': '.ray',

@@ -22,7 +22,7 @@ KERNELS = {
 def _kernel_active(name):
     # The same test the modules using a kernel make: they fall back to numpy on ImportError.
     try:
-        importlib.import_module(f'expreplay.{name}')
+        importlib.import_module(f'expreplay.storage.{name}')
     except ImportError:
         return False
     return True

@@ -21,8 +21,8 @@ import shutil
 
 import numpy as np
 
-from ._inputs import check_extras
-from .memory import ReplayMemory
+from .storage._inputs import check_extras
+from .storage.memory import ReplayMemory
 
 __all__ = ['export_minari', 'load_minari']
 

@@ -49,7 +49,7 @@ except ImportError as err:
 from ._checks import check_callable, check_int, check_real, check_timeout
 # The rules for what an env may return, applied in the actor where the values are first seen
 # (casting there first would round an integer reward or read the string 'False' as True).
-from .envs import _flag, _flags, _reward, _rewards
+from .acting.envs import _flag, _flags, _reward, _rewards
 
 __all__ = ['RayVectorEnv', 'ActorFailedError', 'EnvBuildError']
 

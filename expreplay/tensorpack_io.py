@@ -61,7 +61,7 @@ except ImportError as err:
     raise extra_import_error('ExpReplay', 'tensorpack', err) from err
 
 from ._checks import check_int  # noqa: E402
-from .stream import DEFAULT_PREFETCH, REPLAY_ARGS_DOC, ReplayStream  # noqa: E402
+from .stream.replay_stream import DEFAULT_PREFETCH, REPLAY_ARGS_DOC, ReplayStream  # noqa: E402
 
 __all__ = ['ExpReplay']
 
@@ -149,13 +149,13 @@ class ExpReplay(DataFlow, Callback):
             runs; each vector player gets its own); ``num_parallel_players`` gives one thread
             per player (players that release the GIL, with cores to spare).
         episode_starts: an episode-start scheduler for all runners (seed schedules, a
-            curriculum, a restart pool: see :mod:`expreplay.episodes`).
+            curriculum, a restart pool: see :mod:`expreplay.acting.episodes`).
         episode_log_dir (str): where ``episodes.jsonl`` (one record per finished episode,
             flushed and fsync'd as it finishes) is written. None (default): tensorpack's log
             directory (``logger.get_logger_dir()``, read when training starts), if one is set;
             False: no episode log.
         on_episode_end (callable): called with every
-            :class:`~expreplay.episodes.EpisodeRecord`, from the simulator threads.
+            :class:`~expreplay.acting.episodes.EpisodeRecord`, from the simulator threads.
 REPLAY_ARGS
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of

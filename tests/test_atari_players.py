@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'examples'))
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 import dqn_atari  # noqa: E402
 
-from expreplay.envs import adapt_env  # noqa: E402
+from expreplay.acting.envs import adapt_env  # noqa: E402
 
 
 def players(*argv):

@@ -327,7 +327,7 @@ def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, mo
     """How a later version adds a per-slot table (as version 3 added priorities): an entry in
     TABLES and a version bump; files of the previous version load, the new table at its
     initial value."""
-    from expreplay import _checkpoint
+    from expreplay.storage import checkpoint as _checkpoint
 
     class VisitedMemory(ReplayMemory):
         def __init__(self, *args, **kwargs):

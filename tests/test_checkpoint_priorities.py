@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from expreplay import CheckpointError, ReplayMemory
-from expreplay import _checkpoint
+from expreplay.storage import checkpoint as _checkpoint
 from expreplay.stream import MemoryCheckpoint
 from test_checkpoint import DROP, assert_same_memory, rewrite
 from test_memory import FRAME_SHAPE, encode

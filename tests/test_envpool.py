@@ -13,8 +13,8 @@ import pytest
 envpool = pytest.importorskip('envpool', reason='EnvPool needs Python >= 3.11 on Linux')
 
 from expreplay import ReplayMemory  # noqa: E402
-from expreplay.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_env  # noqa: E402
-from expreplay.runner import EnvRunner, EnvRunnerManager  # noqa: E402
+from expreplay.acting.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_env  # noqa: E402
+from expreplay.acting import EnvRunner, EnvRunnerManager  # noqa: E402
 
 sys.path.insert(0, __file__.rsplit('/', 1)[0])
 from test_runner import RecordingMemory  # noqa: E402

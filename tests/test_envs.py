@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from expreplay.envs import (NO_LIVES, AsyncVectorAdapter, FrameFormat, FrameHistory,
+from expreplay.acting.envs import (NO_LIVES, AsyncVectorAdapter, FrameFormat, FrameHistory,
                             SingleEnvAdapter, VectorEnvAdapter, adapt_env)
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode, encode
 
@@ -134,7 +134,7 @@ def test_atari_vector_env_partial_batches_run_asynchronously():
     every sub-env is stored, truncations included, and the memory samples what was stored."""
     from ale_py.vector_env import AtariVectorEnv
     from expreplay import ReplayMemory
-    from expreplay.runner import EnvRunner
+    from expreplay.acting import EnvRunner
     venv = AtariVectorEnv('pong', num_envs=4, batch_size=2, stack_num=1, num_threads=2,
                           max_num_frames_per_episode=80)
     assert isinstance(adapt_env(venv), AsyncVectorAdapter)
@@ -166,8 +166,8 @@ def test_frame_format_reshapes_and_refuses_lossy_casts():
 @pytest.mark.parametrize('kernel', ['C', 'numpy'])
 def test_frame_history_is_channels_last_oldest_first_zero_padded(kernel, monkeypatch):
     if kernel == 'numpy':
-        import expreplay.envs
-        monkeypatch.setattr(expreplay.envs, '_acting_ext', None)
+        import expreplay.acting.envs
+        monkeypatch.setattr(expreplay.acting.envs, '_acting_ext', None)
     h = FrameHistory(2, (6,), 3, np.uint8)
     h.start([0, 1], np.stack([encode(0, 0, 0), encode(1, 0, 0)]))
     h.push([1], encode(1, 0, 1)[None])
@@ -251,7 +251,7 @@ def test_async_engine_protocol_reports_starts_steps_and_restarted_actors():
 
 def test_async_engine_end_to_end_every_sampled_transition():
     from expreplay import ReplayMemory
-    from expreplay.runner import EnvRunner
+    from expreplay.acting import EnvRunner
     from scripted_env import check_batch
     eng = FakeEngine(6, 3, episode_lengths=(4, 7, 2), ends=('truncated', 'terminated'))
     mem = ReplayMemory(300, (6,), 3, block_size=8)

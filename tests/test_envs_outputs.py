@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
-from expreplay.envs import FrameFormat, SingleEnvAdapter, adapt_env
+from expreplay.acting.envs import FrameFormat, SingleEnvAdapter, adapt_env
 from scripted_env import ScriptedEnv
 
 H = 2

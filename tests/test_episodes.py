@@ -22,10 +22,10 @@ import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay import ReplayMemory
-from expreplay.episodes import (EPISODE_LOG_FILENAME, Curriculum, EpisodeLog, EpisodeRecord,
+from expreplay.acting.episodes import (EPISODE_LOG_FILENAME, Curriculum, EpisodeLog, EpisodeRecord,
                                 EpisodeStart, EpisodeTotals, FixedSeed, ProceduralSeeds,
                                 RestartPool, SeedList, SeedsExhausted, read_episode_log)
-from expreplay.runner import EnvRunner, EnvRunnerManager
+from expreplay.acting import EnvRunner, EnvRunnerManager
 from expreplay.stream import ReplayStream
 from scripted_env import ScriptedEnv
 
@@ -359,8 +359,8 @@ CHILD = textwrap.dedent('''
     import sys
     sys.path.insert(0, {tests!r})
     from expreplay import ReplayMemory
-    from expreplay.episodes import EpisodeLog, ProceduralSeeds
-    from expreplay.runner import EnvRunner
+    from expreplay.acting.episodes import EpisodeLog, ProceduralSeeds
+    from expreplay.acting import EnvRunner
     from scripted_env import ScriptedEnv
 
     log = EpisodeLog({path!r})

@@ -1,9 +1,9 @@
-"""expreplay._gather: both layouts equal plain numpy indexing, for every implementation."""
+"""expreplay.storage._gather: both layouts equal plain numpy indexing, for every implementation."""
 import numpy as np
 import pytest
 
-from expreplay import _gather
-from expreplay._gather import gather_frames
+from expreplay.storage import _gather
+from expreplay.storage._gather import gather_frames
 
 N = 40  # ring slots
 
@@ -15,7 +15,7 @@ def impl(request, monkeypatch):
     if request.param == 'numpy':
         monkeypatch.setattr(_gather, '_gather_ext', None)
     if request.param == 'ext' and _gather._gather_ext is None:
-        pytest.skip('C extension expreplay._gather_ext not built')
+        pytest.skip('C extension expreplay.storage._gather_ext not built')
     return request.param
 
 
@@ -114,7 +114,7 @@ def test_bad_arguments_raise():
 def test_extension_validates_its_arguments():
     ext = _gather._gather_ext
     if ext is None:
-        pytest.skip('C extension expreplay._gather_ext not built')
+        pytest.skip('C extension expreplay.storage._gather_ext not built')
     frames = np.zeros((N, 6, 7), np.uint8)
     out = np.zeros((4, 6, 7, 5), np.uint8)
     idx = np.zeros((4, 5), np.intp)
@@ -139,7 +139,7 @@ def test_the_memory_sampler_resolves_histories_like_the_memory():
     lane's previous block), in both layouts; and it refuses bad slots and buffers."""
     ext = _gather._gather_ext
     if ext is None:
-        pytest.skip('C extension expreplay._gather_ext not built')
+        pytest.skip('C extension expreplay.storage._gather_ext not built')
     from expreplay import ReplayMemory
     rng = np.random.default_rng(0)
     for h in (1, 2, 4, 5):

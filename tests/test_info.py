@@ -26,7 +26,8 @@ def test_info_reports_version_kernels_and_extras():
     assert data['version'] == expreplay.__version__
     assert set(data['kernels']) == {'_gather_ext', '_acting_ext', '_tree_ext'}
     # A kernel is reported active exactly when the module that uses it has it loaded.
-    from expreplay import _gather, acting, priority
+    from expreplay.acting import group as acting
+    from expreplay.storage import _gather, priority
     assert data['kernels']['_gather_ext'] == (_gather._gather_ext is not None)
     assert data['kernels']['_acting_ext'] == (acting._acting_ext is not None)
     assert data['kernels']['_tree_ext'] == (priority._tree_ext is not None)
@@ -40,7 +41,7 @@ def test_info_imports_no_extra_and_sees_a_blocked_module():
     out = run_python("""
         import json, sys
         sys.modules['ray'] = None                       # as if Ray were not installed
-        sys.modules['expreplay._tree_ext'] = None       # as if the kernel were not built
+        sys.modules['expreplay.storage._tree_ext'] = None       # as if the kernel were not built
         import expreplay
         data = expreplay.info()
         heavy = [m for m in ('tensorflow', 'tensorpack', 'minari', 'envpool', 'torch', 'cv2')
@@ -59,7 +60,7 @@ def test_info_imports_no_extra_and_sees_a_blocked_module():
 def test_python_m_expreplay_prints_the_report():
     out = run_python("""
         import runpy, sys
-        sys.modules['expreplay._gather_ext'] = None
+        sys.modules['expreplay.storage._gather_ext'] = None
         sys.modules['minatar'] = None
         runpy.run_module('expreplay', run_name='__main__')
     """)

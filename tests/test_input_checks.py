@@ -14,7 +14,7 @@ import pytest
 
 import expreplay
 from expreplay import Experience, ReplayMemory
-from expreplay.memory import as_frame
+from expreplay.storage.memory import as_frame
 from expreplay.stream import ReplayStream
 
 
@@ -141,7 +141,7 @@ def test_append_refuses_unstorable_steps_and_writes_nothing():
 
 def test_vectorized_checks_apply_the_scalar_rules():
     """The batch forms refuse exactly what the per-step checks refuse, naming the argument."""
-    from expreplay.memory import check_actions, check_flags, check_frames, check_rewards
+    from expreplay.storage.memory import check_actions, check_flags, check_frames, check_rewards
     f32max = float(np.finfo(np.float32).max)
     assert check_rewards(np.array([0.0, -1.0, f32max]), 'rewards').dtype == np.float32
     for bad in (np.array([0.0, 1e300]), np.array([math.nan]), np.array([1.0, -math.inf])):

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
-from expreplay.runner import CallTimeout
+from expreplay.acting import CallTimeout
 from scripted_env import ScriptedEnv
 from test_runner import MODES, H, StepPredictor, threads_for
 

@@ -394,7 +394,7 @@ def _filled_memory(seed=0):
 def assert_same_tables(loaded, mem):
     """Every table of the checkpoint equal; slot tables compared on the written slots (the
     checkpoint holds those only: the rest is stale data of evicted blocks, never read)."""
-    from expreplay._checkpoint import TABLES
+    from expreplay.storage.checkpoint import TABLES
     written = np.concatenate([np.arange(b * mem.block_size, b * mem.block_size + n)
                               for b, n in enumerate(mem._block_fill) if n] or [np.zeros(0, int)])
     for name, (attr, kind) in TABLES.items():

@@ -9,21 +9,21 @@ import threading
 import numpy as np
 import pytest
 
-import expreplay._gather
-import expreplay.writers
+import expreplay.storage._gather
+import expreplay.storage.writers
 from expreplay import ReplayMemory
-from expreplay.memory import SampleBatch
+from expreplay.storage.memory import SampleBatch
 from test_memory import FRAME_SHAPE, StreamModel, action_of, decode, encode, reward_of
 
 
 @pytest.fixture(params=['C kernels', 'numpy'])
 def kernels(request, monkeypatch):
     """The memory's C kernels (the sampler, the writers' store), or the numpy path: the
-    switches are ``expreplay._gather._gather_ext`` and ``expreplay.writers._acting_ext``."""
+    switches are ``expreplay.storage._gather._gather_ext`` and ``expreplay.storage.writers._acting_ext``."""
     if request.param == 'numpy':
-        monkeypatch.setattr(expreplay._gather, '_gather_ext', None)
-        monkeypatch.setattr(expreplay.writers, '_acting_ext', None)
-    elif expreplay._gather._gather_ext is None or expreplay.writers._acting_ext is None:
+        monkeypatch.setattr(expreplay.storage._gather, '_gather_ext', None)
+        monkeypatch.setattr(expreplay.storage.writers, '_acting_ext', None)
+    elif expreplay.storage._gather._gather_ext is None or expreplay.storage.writers._acting_ext is None:
         pytest.skip("the C kernels are not built here")
     return request.param
 
@@ -170,7 +170,7 @@ def test_dropped_writers_give_their_blocks_back(kernels, kind):
     assert mem.num_blocks == 20
     for i in range(20):
         if kind == 'runner':
-            from expreplay.runner import EnvRunner
+            from expreplay.acting import EnvRunner
             from scripted_env import ScriptedEnv
             w = EnvRunner(ScriptedEnv(i, obs_shape=FRAME_SHAPE, episode_lengths=[5]), None, mem, 2,
                           seed=i)

@@ -17,12 +17,12 @@ from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
 def kernels(request, monkeypatch):
     """With the optional C kernels (frame gather, priority tree) and with the numpy paths
     they stand in for (a machine without a compiler)."""
-    import expreplay._gather
-    import expreplay.priority
+    import expreplay.storage._gather
+    import expreplay.storage.priority
     if request.param == 'numpy':
-        monkeypatch.setattr(expreplay._gather, '_gather_ext', None)
-        monkeypatch.setattr(expreplay.priority, '_tree_ext', None)
-    elif expreplay._gather._gather_ext is None or expreplay.priority._tree_ext is None:
+        monkeypatch.setattr(expreplay.storage._gather, '_gather_ext', None)
+        monkeypatch.setattr(expreplay.storage.priority, '_tree_ext', None)
+    elif expreplay.storage._gather._gather_ext is None or expreplay.storage.priority._tree_ext is None:
         pytest.skip("the C kernels are not built here")
     return request.param
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
-from expreplay.prefetch import Prefetcher
-from expreplay.runner import RunnerError
+from expreplay.stream.prefetch import Prefetcher
+from expreplay.acting import RunnerError
 from scripted_env import check_batch
 from test_stream import HISTORY, EnvFactory, make_stream, our_threads, prefer
 

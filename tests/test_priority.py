@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
-from expreplay.priority import SumMinTree
+from expreplay.storage.priority import SumMinTree
 from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
 from test_nstep import Script, ScriptedWriters
 
@@ -19,16 +19,16 @@ VALID = 1
 @pytest.fixture(autouse=True, params=['C', 'numpy'])
 def tree_impl(request, monkeypatch):
     """Every test with the optional C tree kernel and with the numpy tree it stands in for."""
-    import expreplay.priority
+    import expreplay.storage.priority
     if request.param == 'numpy':
-        monkeypatch.setattr(expreplay.priority, '_tree_ext', None)
-    elif expreplay.priority._tree_ext is None:
+        monkeypatch.setattr(expreplay.storage.priority, '_tree_ext', None)
+    elif expreplay.storage.priority._tree_ext is None:
         pytest.skip("the C tree kernel is not built here")
     return request.param
 
 
 def test_the_kernel_validates_its_arguments(tree_impl):
-    from expreplay.priority import _tree_ext
+    from expreplay.storage.priority import _tree_ext
     if tree_impl != 'C':
         pytest.skip("C only")
     tree = SumMinTree(100, fanout=4)
@@ -188,7 +188,7 @@ def test_stale_updates_are_skipped_and_counted_and_evicted_slots_leave_the_tree(
 
 def test_queued_steps_are_entered_without_a_sample(monkeypatch):
     """A memory nobody samples from (a long fill) enters its queued steps every FLUSH_AT."""
-    from expreplay.priority import PriorityIndex
+    from expreplay.storage.priority import PriorityIndex
     monkeypatch.setattr(PriorityIndex, 'FLUSH_AT', 50)
     mem, _, writers = filled_prioritized(seed=7, rounds=300)
     prio = mem._priorities

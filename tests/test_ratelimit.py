@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from expreplay.ratelimit import RateLimiterClosed, RateLimiterTimeout, SampleToInsertRatio
+from expreplay.stream.ratelimit import RateLimiterClosed, RateLimiterTimeout, SampleToInsertRatio
 
 
 def test_rules_follow_the_diff_band():

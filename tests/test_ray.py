@@ -25,7 +25,7 @@ from ray.cluster_utils import Cluster                             # noqa: E402
 
 from expreplay import ReplayMemory                                # noqa: E402
 from expreplay.ray import ActorFailedError, EnvBuildError, RayVectorEnv   # noqa: E402
-from expreplay.runner import EnvRunner, EnvRunnerManager          # noqa: E402
+from expreplay.acting import EnvRunner, EnvRunnerManager          # noqa: E402
 from scripted_env import ScriptedEnv, ScriptedEnvError, check_batch, decode, reward_for   # noqa: E402
 
 GEN = 10000                    # episodes of build g are numbered from GEN * g (2 bytes: g <= 5)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
-from expreplay.runner import RunnerError
+from expreplay.acting import RunnerError
 from expreplay.stream import DEFAULT_PREFETCH, PredictorSlot, ReplayStream
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, check_batch, decode
 

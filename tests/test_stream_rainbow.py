@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
-from expreplay.memory import SampleBatch
+from expreplay.storage.memory import SampleBatch
 from scripted_env import check_batch, decode
 from test_stream import (EnvFactory, draw_logged_stream, make_stream, our_threads, prefer,  # noqa: F401
                          prefetch, take)

@@ -3,7 +3,7 @@
 The manager's jobs: the staleness window (how far acting may lag the learner's requests), the
 threads and how runners are grouped on them, faults (raised from the caller's next call,
 chained), the watchdog on env and predictor calls, shutdown, and statistics. Acting itself is
-:class:`expreplay.acting.ActingGroup`'s; inference is :class:`expreplay.inference.InferenceThread`'s.
+:class:`expreplay.acting.group.ActingGroup`'s; inference is :class:`expreplay.acting.inference.InferenceThread`'s.
 """
 
 import collections
@@ -16,9 +16,9 @@ import warnings
 
 import numpy as np
 
-from ._checks import check_int, check_probability, check_timeout
-from .acting import ActingGroup, EnvRunner
-from .errors import CallTimeout, EnvError, ManagerClosed, RunnerError
+from .._checks import check_int, check_probability, check_timeout
+from .group import ActingGroup, EnvRunner
+from ..errors import CallTimeout, EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 
 __all__ = ['EnvRunnerManager']
@@ -85,7 +85,7 @@ class _GroupSlot:
 
 
 class EnvRunnerManager:
-    """Runs :class:`~expreplay.acting.EnvRunner` s in simulator threads, one step request at a time.
+    """Runs :class:`~expreplay.acting.group.EnvRunner` s in simulator threads, one step request at a time.
 
     Args:
         env_runners (list): the runners. With one runner, :meth:`step` runs it inline in the
@@ -120,16 +120,16 @@ class EnvRunnerManager:
     sub-envs; for an asynchronous runner, the sub-envs one ``recv`` returned, whose steps are
     stored when the engine returns them, at a later request of that runner).
 
-    Threads: a thread owns one or two acting groups (:class:`~expreplay.acting.ActingGroup`);
+    Threads: a thread owns one or two acting groups (:class:`~expreplay.acting.group.ActingGroup`);
     a group steps its runners' sub-envs as one batch, taking up to one request per runner.
     A *pipelined* thread (several single-env runners) splits them into two groups: it begins
     one group's step (random draws, state gather), submits its states to the
-    :class:`~expreplay.inference.InferenceThread` and, while that forward pass runs (outside
+    :class:`~expreplay.acting.inference.InferenceThread` and, while that forward pass runs (outside
     the GIL), finishes the other group's step (env steps, memory write). Both groups are full
     only while ``maximum_staleness`` is at least the number of runners. A thread with one
     group (a vector runner) waits for its Q-values; several such threads overlap each other.
 
-    Inference: one :class:`~expreplay.inference.InferenceThread` per distinct predictor merges
+    Inference: one :class:`~expreplay.acting.inference.InferenceThread` per distinct predictor merges
     the states of the groups waiting at once into one call (at most ``max_inference_batch``
     rows). The predictor is called from that thread only (the caller's thread in inline
     mode), never concurrently: it need not be thread-safe, but it must work from a thread this

@@ -1,4 +1,4 @@
-/* Optional accelerator for expreplay/_gather.py: gather + channels-last interleave, one pass.
+/* Optional accelerator for expreplay/storage/_gather.py: gather + channels-last interleave, one pass.
  *
  * Why C at all: a channels-last batch (B, H, W, K) of uint8 frames puts every byte K bytes
  * after its neighbour, so it cannot be built from whole-frame copies. numpy's strided byte
@@ -205,7 +205,7 @@ done:
 /* ------------------------------------------------------------------ the memory's sampler
  *
  * Ring: a binding to one replay memory's arrays (frames, epstep, flags, action, reward, the
- * block links and generations), built once by expreplay/memory.py, so that a batch is drawn
+ * block links and generations), built once by expreplay/storage/memory.py, so that a batch is drawn
  * with one call that takes only the batch's slots and its output buffers. It resolves every
  * transition's frames (the history rule of ReplayMemory._history_index, the n-step walk of
  * ReplayMemory._n_step) while holding the GIL (raising needs it, and the memory's lock keeps
@@ -660,7 +660,7 @@ static PyMethodDef ring_methods[] = {
 
 static PyTypeObject RingType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "expreplay._gather_ext.Ring",
+    .tp_name = "expreplay.storage._gather_ext.Ring",
     .tp_basicsize = sizeof(RingObject),
     .tp_dealloc = (destructor)Ring_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -679,7 +679,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_gather_ext",
-    .m_doc = "Optional C accelerator for expreplay._gather (channels-last frame gather).",
+    .m_doc = "Optional C accelerator for expreplay.storage._gather (channels-last frame gather).",
     .m_size = -1,
     .m_methods = methods,
 };

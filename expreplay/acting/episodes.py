@@ -57,7 +57,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
-from ._checks import check_bool, check_int, check_probability, check_real, check_seed
+from .._checks import check_bool, check_int, check_probability, check_real, check_seed
 
 __all__ = ['EpisodeStart', 'RestartPoint', 'EpisodeScheduler', 'ProceduralSeeds', 'FixedSeed',
            'SeedList', 'SeedsExhausted', 'Curriculum', 'RestartPool', 'EpisodeRecord',
@@ -594,47 +594,3 @@ def make_record(runner, env_index, episode, seed, start_kind, score, length, ter
         life_losses=int(life_losses), wall_time=wall,
         steps_per_sec=length / wall, end_time=time.time(),
         options=options, restored_from=restored_from)
-
-
-class StoredEpisodes:
-    """The iterator :meth:`expreplay.ReplayMemory.episodes` returns: each complete episode the
-    memory held when it was called, read whole when it is reached, and counts of the others.
-
-    ``starts`` are ``(first slot, block generation)`` pairs listed under the memory's lock;
-    ``read(slot, generation)`` reads one episode under the lock and returns its dict, or
-    :attr:`EVICTED` (the block was reused since the listing), or :attr:`INCOMPLETE`.
-
-    Attributes:
-        yielded (int): episodes handed out so far.
-        evicted (int): listed episodes skipped because writers evicted their first frame
-            before they were reached (none when no writer runs during the iteration).
-        incomplete (int): listed episodes skipped because they were still running, abandoned,
-            or already cut by an eviction when they were reached.
-    """
-
-    EVICTED = 'evicted'
-    INCOMPLETE = 'incomplete'
-
-    def __init__(self, starts, read):
-        self._starts = iter(starts)
-        self._read = read
-        self.yielded = self.evicted = self.incomplete = 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        for start, generation in self._starts:
-            episode = self._read(start, generation)
-            if episode is self.EVICTED:
-                self.evicted += 1
-            elif episode is self.INCOMPLETE:
-                self.incomplete += 1
-            else:
-                self.yielded += 1
-                return episode
-        raise StopIteration
-
-    def __repr__(self):
-        return (f"StoredEpisodes(yielded={self.yielded}, evicted={self.evicted}, "
-                f"incomplete={self.incomplete})")

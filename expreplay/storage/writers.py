@@ -2,13 +2,13 @@
 :class:`LaneWriter` (one environment, scalar arguments).
 
 A writer owns its lanes' active blocks (the memory's invariant I1, see
-:mod:`expreplay.memory`): it writes frames into them outside the memory's lock and publishes
+:mod:`expreplay.storage.memory`): it writes frames into them outside the memory's lock and publishes
 the steps (epstep, action, reward, flags, VALID, priority) under it. The rules of what may be
-written are :mod:`expreplay._inputs`. Both classes are re-exported by :mod:`expreplay.memory`.
+written are :mod:`expreplay.storage._inputs`. Both classes are re-exported by :mod:`expreplay.storage.memory`.
 
-The common cases run in the optional C kernel ``expreplay._acting_ext`` (a ``Store`` bound
+The common cases run in the optional C kernel ``expreplay.storage._acting_ext`` (a ``Store`` bound
 once to a writer's tables): a single lane's :meth:`LaneWriter.add_step`, and an acting step of
-many lanes (:meth:`BatchWriter.add_steps_with_history`). Setting ``expreplay.writers._acting_ext``
+many lanes (:meth:`BatchWriter.add_steps_with_history`). Setting ``expreplay.storage.writers._acting_ext``
 to None switches every writer to the numpy path (what the tests do to check both).
 
 A writer dropped without :meth:`~BatchWriter.close` gives its blocks back when it is garbage
@@ -21,7 +21,7 @@ import weakref
 
 import numpy as np
 
-from ._checks import check_bool, check_int
+from .._checks import check_bool, check_int
 from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
                       check_frames, check_reward, check_rewards)
 from ._slots import _FREE, _HAS_ACTION, _VALID
@@ -176,7 +176,7 @@ class BatchWriter:
 
     def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
                                lives, history, scores, lengths, lives_now, *, extras=None):
-        """The common case of an acting step in one C call (``expreplay._acting_ext``): the
+        """The common case of an acting step in one C call (``expreplay.storage._acting_ext``): the
         steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
         companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
         ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
@@ -406,7 +406,7 @@ class LaneWriter:
     def _check_obs(self, obs, name):
         return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
 
-    # The one-value forms of the input rules (expreplay._inputs).
+    # The one-value forms of the input rules (expreplay.storage._inputs).
     _check_action = staticmethod(check_action)
     _check_reward = staticmethod(check_reward)
 

@@ -1,6 +1,6 @@
 """Environment adapters: one acting interface over the env APIs a runner may be given.
 
-A runner (:class:`expreplay.acting.EnvRunner`) should not care which flavour of environment it
+A runner (:class:`expreplay.acting.group.EnvRunner`) should not care which flavour of environment it
 drives, so this module turns each of them into the same small protocol, :class:`EnvAdapter`:
 ``num_envs`` sub-environments, whose results come back as arrays (:class:`Results`), so that
 the acting path handles a batch of sub-environments with numpy operations instead of a Python
@@ -35,12 +35,12 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from ._checks import check_bool
-from ._gather import gather_history
-from .memory import as_frame, check_frames, check_reward, check_rewards
+from .._checks import check_bool
+from ..storage._gather import gather_history
+from ..storage.memory import as_frame, check_frames, check_reward, check_rewards
 
 try:  # optional, built by setup.py when a C compiler is available
-    from . import _acting_ext
+    from ..storage import _acting_ext
 except ImportError:
     _acting_ext = None
 
@@ -107,7 +107,7 @@ def _flags(values, n, name):
 
 def _reward(value, name='player reward'):
     """One reward an env returned: integers are held to the memory's rule (float32 must hold
-    them exactly, :func:`expreplay.memory.check_reward`) before they become floats; floats go
+    them exactly, :func:`expreplay.storage.memory.check_reward`) before they become floats; floats go
     on to the runner's range check."""
     if type(value) is float:
         return value
@@ -635,7 +635,7 @@ class FrameFormat:
     their size-1 axes are removed. Any other shape is refused, also one of the same size (a
     (4, 2) observation is not a (2, 4) frame: reshaping it would scramble it). A dtype change
     is allowed only where no data is lost (the memory's own rule,
-    :func:`expreplay.memory.as_frame`, so that the runner refuses exactly what the memory would).
+    :func:`expreplay.storage.memory.as_frame`, so that the runner refuses exactly what the memory would).
     """
 
     def __init__(self, state_shape, dtype):

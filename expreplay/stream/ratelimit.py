@@ -25,7 +25,7 @@ import math
 import threading
 import time
 
-from ._checks import check_int, check_real, check_timeout
+from .._checks import check_int, check_real, check_timeout
 
 __all__ = ['SampleToInsertRatio', 'RateLimiterTimeout', 'RateLimiterClosed']
 

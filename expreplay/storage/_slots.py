@@ -1,5 +1,5 @@
 """The replay memory's slot flags and block states, shared by the ring
-(:mod:`expreplay.memory`), its writers (:mod:`expreplay.writers`) and its checkpoint format."""
+(:mod:`expreplay.storage.memory`), its writers (:mod:`expreplay.storage.writers`) and its checkpoint format."""
 
 # Slot flags.
 _VALID = 1        # the transition from this slot can be sampled (I3)

@@ -9,13 +9,13 @@ Two objects, one job each:
   runners (the sub-envs of a vector env, several single-env runners, or both) as one batch of
   *lanes*: per step one draw of the exploration randoms, one gather of the greedy states, one
   predictor call, and one vectorized write of all the lanes' steps into the memory
-  (:class:`expreplay.memory.BatchWriter`). Per-env Python is left only where it cannot be
+  (:class:`expreplay.storage.memory.BatchWriter`). Per-env Python is left only where it cannot be
   avoided: a single env's own ``step()`` / ``reset()`` call, and an episode's end.
 
 A step has two halves, :meth:`ActingGroup.begin` (choose the random actions, return the states
 that need Q-values) and :meth:`ActingGroup.finish` (act with the Q-values, store the steps), so
 that a manager can put the forward pass of one group between the halves of another's
-(:mod:`expreplay.manager`). For an asynchronous engine (EnvPool ``recv``/``send``, Ray actors)
+(:mod:`expreplay.acting.manager`). For an asynchronous engine (EnvPool ``recv``/``send``, Ray actors)
 ``begin`` receives the ready sub-envs' results and stores them, and ``finish`` sends their next
 actions: the engine steps the other sub-envs meanwhile.
 """
@@ -27,14 +27,14 @@ import time
 
 import numpy as np
 
-from ._checks import check_bool, check_callable, check_int, check_probability
+from .._checks import check_bool, check_callable, check_int, check_probability
 from .envs import NO_LIVES, FrameFormat, FrameHistory, adapt_env
 from .episodes import EpisodeStart, RestartPoint, make_record
-from .errors import EnvError, PredictorError
-from .memory import _FLOAT32_MAX, check_rewards   # the memory's rule for rewards
+from ..errors import EnvError, PredictorError
+from ..storage.memory import _FLOAT32_MAX, check_rewards   # the memory's rule for rewards
 
 try:  # optional, built by setup.py when a C compiler is available
-    from . import _acting_ext
+    from ..storage import _acting_ext
 except ImportError:
     _acting_ext = None
 
@@ -118,13 +118,13 @@ class EnvRunner:
             (the manager's ``max_restarts``) to replace an env that raised. Without it a
             restart resets the same player.
         close_player (bool): :meth:`close` also closes the player.
-        episode_starts (optional): an episode-start scheduler (see :mod:`expreplay.episodes`):
+        episode_starts (optional): an episode-start scheduler (see :mod:`expreplay.acting.episodes`):
             ``episode_starts.start(index, env_index, episode_index)`` decides the seed, reset
             options and possibly a saved state to restore for every reset this runner controls
             (then ``seed`` seeds only the exploration). None: the behaviour described at
             ``seed``.
         on_episode_end (callable, optional): called with the
-            :class:`~expreplay.episodes.EpisodeRecord` of every finished game (all lives),
+            :class:`~expreplay.acting.episodes.EpisodeRecord` of every finished game (all lives),
             from the thread that steps this runner, after the step is in the memory.
 
     Attributes:
@@ -300,7 +300,7 @@ class ActingGroup:
     """Steps the sub-environments of several runners as one batch of lanes.
 
     Lane ``runner_lanes[r][i]`` is sub-env ``i`` of ``runners[r]``; each lane writes its own
-    memory lane through one :class:`~expreplay.memory.BatchWriter`, and has its frame history,
+    memory lane through one :class:`~expreplay.storage.memory.BatchWriter`, and has its frame history,
     score, length and lives in arrays over all lanes. The runners must share the memory, the
     history length, the predictor and the number of actions; an asynchronous runner is a group
     of its own. Building a group moves the runners into it (each is in one group at a time; a
@@ -621,7 +621,7 @@ class ActingGroup:
         return []
 
     def _store_results(self, k, res, frames, actions):
-        """Store a vector runner's :class:`~expreplay.envs.Results` (steps and starts)."""
+        """Store a vector runner's :class:`~expreplay.acting.envs.Results` (steps and starts)."""
         lanes = self.runner_lanes[k][res.env_ids]
         lives = res.lives if res.lives is not None else np.full(len(lanes), NO_LIVES)
         started = res.started
@@ -856,7 +856,7 @@ class ActingGroup:
         return frames, lives
 
     def _snapshot(self, lane, include_rng=False):
-        """A :class:`~expreplay.episodes.RestartPoint` of ``lane`` now (between steps)."""
+        """A :class:`~expreplay.acting.episodes.RestartPoint` of ``lane`` now (between steps)."""
         runner = self.runners[self._lane_runner[lane]]
         i = int(self._lane_env[lane])
         state = self._env_call(runner, 'clone_state', runner._adapter.clone_state, i, include_rng)

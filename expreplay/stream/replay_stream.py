@@ -43,7 +43,7 @@ fewer than counted (an autoreset row, a partial receive) is made up by the next 
 requests: the count is cumulative, the ratio does not drift.
 
 With ``samples_per_insert=`` instead of ``update_frequency``, a
-:class:`~expreplay.ratelimit.SampleToInsertRatio` decides: before each batch the stream
+:class:`~expreplay.stream.ratelimit.SampleToInsertRatio` decides: before each batch the stream
 books the transitions inserted so far with the limiter and requests steps (waiting for
 pending ones to be stored when they will do) until it admits the batch, so ``sampled /
 inserted`` stays within the limiter's error buffer of ``samples_per_insert`` (a fractional
@@ -88,10 +88,10 @@ import warnings
 
 import numpy as np
 
-from ._checks import (check_callable, check_choice, check_dtype, check_int, check_probability,
+from .._checks import (check_callable, check_choice, check_dtype, check_int, check_probability,
                       check_real, check_seed, check_shape)
-from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeTotals
-from .memory import ReplayMemory
+from ..acting.episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeTotals
+from ..storage.memory import ReplayMemory
 from .pacing import Pacer
 from .prefetch import Prefetcher
 from .ratelimit import SampleToInsertRatio
@@ -107,7 +107,7 @@ DEFAULT_PREFETCH = 4
 # docstrings where the line ``REPLAY_ARGS`` stands).
 REPLAY_ARGS_DOC = """\
         n_step (int): rewards summed per transition (n-step returns, >= 1). With ``n_step > 1``
-            or ``prioritized`` the batches are :class:`~expreplay.memory.SampleBatch` tuples
+            or ``prioritized`` the batches are :class:`~expreplay.storage.memory.SampleBatch` tuples
             ``(state, action, reward, next_state, discount, is_over, indices, weights)``: the
             target is ``reward + discount * Q(next_state)``, ``discount`` being ``gamma ** k``
             for the k steps taken and 0 after a terminal step (see
@@ -122,7 +122,7 @@ REPLAY_ARGS_DOC = """\
             ``beta(k)`` of the batch number k (0 for the first batch); None: weights of 1.
         samples_per_insert (float): instead of ``update_frequency`` (pass None for it): keep
             this many sampled transitions per inserted one, with a
-            :class:`~expreplay.ratelimit.SampleToInsertRatio` limiter; ``batch_size /
+            :class:`~expreplay.stream.ratelimit.SampleToInsertRatio` limiter; ``batch_size /
             update_frequency`` is the equivalent of the fixed schedule.
         prefetch (int): batches a thread of the stream's own draws ahead (0: drawn in the
             learner's ``next()``); see "Prefetch" in :mod:`expreplay.stream` for what the
@@ -224,7 +224,7 @@ class _Population:
 
     def __init__(self, get_player, num_players, predictor, memory, history_len,
                  maximum_staleness, seed, runner_kwargs, manager_kwargs):
-        from .runner import EnvRunner, EnvRunnerManager   # keeps `import expreplay.stream` light
+        from ..acting import EnvRunner, EnvRunnerManager   # keeps `import expreplay.stream` light
 
         runners = []
         try:
@@ -296,7 +296,7 @@ def _check_kwargs(kwargs, name, target, reserved):
     if not isinstance(kwargs, collections.abc.Mapping):
         raise TypeError(f"{name} must be a dict of keyword arguments for {target}, "
                         f"got {kwargs!r}")
-    from . import runner      # keeps `import expreplay.stream` light
+    from .. import acting as runner      # keeps `import expreplay.stream` light
     accepted = set(inspect.signature(getattr(runner, target)).parameters) - set(reserved)
     for key in kwargs:
         if key not in accepted:
@@ -408,14 +408,14 @@ class ReplayStream:
             pipelined thread, each vector player gets its own); ``num_parallel_players`` gives
             one thread per player (envs that release the GIL, with cores to spare).
         episode_starts: an episode-start scheduler shared by all runners (see
-            :mod:`expreplay.episodes`: seed schedules, a curriculum, a restart pool). With
-            :class:`~expreplay.episodes.ProceduralSeeds` two runs with the same base seed and
+            :mod:`expreplay.acting.episodes`: seed schedules, a curriculum, a restart pool). With
+            :class:`~expreplay.acting.episodes.ProceduralSeeds` two runs with the same base seed and
             ``num_parallel_players`` play the same episode seeds.
         episode_log_dir (str): if given, every finished episode is appended to
-            ``<episode_log_dir>/episodes.jsonl`` (:class:`~expreplay.episodes.EpisodeLog`:
+            ``<episode_log_dir>/episodes.jsonl`` (:class:`~expreplay.acting.episodes.EpisodeLog`:
             flushed and fsync'd per episode; a resumed run appends). The attribute of the same
             name may be changed until :meth:`start`.
-        on_episode_end (callable): called with every :class:`~expreplay.episodes.EpisodeRecord`,
+        on_episode_end (callable): called with every :class:`~expreplay.acting.episodes.EpisodeRecord`,
             from the simulator threads.
 REPLAY_ARGS
     """
@@ -790,7 +790,7 @@ REPLAY_ARGS
         ``memory_size``) and ``fill_steps`` (0 when a resumed memory needed no fill); and totals
         since the start (not reset by :meth:`reset_stats`): ``episodes_total`` (episodes
         finished), ``episodes_started_total`` and ``restart_starts`` (episodes started from a
-        restart point, see :class:`~expreplay.episodes.RestartPool`); ``batches_drawn``,
+        restart point, see :class:`~expreplay.acting.episodes.RestartPool`); ``batches_drawn``,
         ``samples_per_insert`` (measured: sampled transitions per transition inserted since
         the fill, whatever the player; None before one), ``step_requests`` (made since the
         fill); with a prefetcher ``prefetch_ready`` (batches ready now), ``prefetch_waits``

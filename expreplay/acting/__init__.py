@@ -2,18 +2,18 @@
 
 The layer itself lives in modules with one job each:
 
-* :mod:`expreplay.acting`: :class:`EnvRunner` (one environment and its counters) and
+* :mod:`expreplay.acting.group`: :class:`EnvRunner` (one environment and its counters) and
   :class:`ActingGroup` (the one acting path: several runners' sub-envs stepped as one batch);
-* :mod:`expreplay.inference`: :class:`InferenceThread` (the predictor in a thread of its own,
+* :mod:`expreplay.acting.inference`: :class:`InferenceThread` (the predictor in a thread of its own,
   merging the submissions of several simulator threads);
-* :mod:`expreplay.manager`: :class:`EnvRunnerManager` (the staleness window, the threads,
+* :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager` (the staleness window, the threads,
   faults, the watchdog, shutdown, statistics);
-* :mod:`expreplay.envs`: the env adapters (gymnasium, old gym, vector envs, EnvPool, Ray);
+* :mod:`expreplay.acting.envs`: the env adapters (gymnasium, old gym, vector envs, EnvPool, Ray);
 * :mod:`expreplay.errors`: the exceptions.
 """
 
-from .acting import ActingGroup, EnvRunner
-from .errors import CallTimeout, EnvError, ManagerClosed, PredictorError, RunnerError
+from .group import ActingGroup, EnvRunner
+from ..errors import CallTimeout, EnvError, ManagerClosed, PredictorError, RunnerError
 from .inference import InferenceThread
 from .manager import EnvRunnerManager
 

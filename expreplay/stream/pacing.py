@@ -18,7 +18,7 @@ __all__ = ['Pacer']
 
 class Pacer:
     """Step requests for a stream: ``update_frequency`` inserted steps per batch, or what a
-    :class:`~expreplay.ratelimit.SampleToInsertRatio` admits.
+    :class:`~expreplay.stream.ratelimit.SampleToInsertRatio` admits.
 
     Args:
         population: has ``step(exploration)``, ``progress() -> (inserted, pending)``,

@@ -60,10 +60,10 @@ except ImportError:      # not on Windows: liveness of a temporary file falls ba
     fcntl = None
 
 from . import _slots as _mem   # the slot flags and block states
-from ._checks import check_dtype, check_int, check_real, check_shape, format_bytes  # noqa: F401
+from .._checks import check_dtype, check_int, check_real, check_shape, format_bytes  # noqa: F401
 from ._inputs import check_extra_fields
 
-logger = logging.getLogger('expreplay.memory')
+logger = logging.getLogger('expreplay.storage.memory')
 
 VERSION = 3
 
@@ -527,7 +527,7 @@ def validate(mem, fail, chunk=1 << 18):
     - rewards are finite (a NaN or inf reward would poison every n-step sum it enters), and so
       are the values of float extra fields (the writers refuse both);
     - a prioritized memory's tree holds exactly the VALID slots, with finite values within the
-      bound that keeps its sums finite (:meth:`expreplay.priority.PriorityIndex.check_priorities`),
+      bound that keeps its sums finite (:meth:`expreplay.storage.priority.PriorityIndex.check_priorities`),
       and so is its running maximum priority.
     """
     nb, bs, hl = mem.num_blocks, mem.block_size, mem.history_len

@@ -41,7 +41,7 @@ I7  Slot ``ZERO_SLOT`` (the last one) is never written and stays zeros: history 
 Frames are written outside the lock (a memcpy the writer owns, I1) and published under it by
 updating ``block_fill`` / VALID; a sampler holds the lock while it gathers, so an evicted block
 can not be rewritten under a sample that is reading it.
-Prioritized memories keep a :class:`~expreplay.priority.PriorityIndex` (``self._priorities``,
+Prioritized memories keep a :class:`~expreplay.storage.priority.PriorityIndex` (``self._priorities``,
 None when uniform) in step with VALID through two hooks, called under the lock by every write
 path: ``on_publish(slots)`` when steps become VALID (``_publish_step``), and
 ``on_evict(lo, hi, invalidated)`` when a block is evicted (``_evict``). A sample token
@@ -49,9 +49,9 @@ path: ``on_publish(slots)`` when steps become VALID (``_publish_step``), and
 sampled has a newer generation, so :meth:`ReplayMemory.update_priorities` can tell.
 
 This module is the ring, its validity rule (I1-I7) and sampling. The write path is
-:mod:`expreplay.writers` (:class:`BatchWriter`, :class:`LaneWriter`), the rules of what may be
-written are :mod:`expreplay._inputs`, the slot flags :mod:`expreplay._slots`, the checkpoint
-format :mod:`expreplay._checkpoint`; the public names of the first two are re-exported here.
+:mod:`expreplay.storage.writers` (:class:`BatchWriter`, :class:`LaneWriter`), the rules of what may be
+written are :mod:`expreplay.storage._inputs`, the slot flags :mod:`expreplay.storage._slots`, the checkpoint
+format :mod:`expreplay.storage.checkpoint`; the public names of the first two are re-exported here.
 """
 
 import collections
@@ -63,18 +63,18 @@ import types
 
 import numpy as np
 
-from . import _checkpoint
-from ._checkpoint import CheckpointError
-from ._checks import (check_allocatable, check_bool, check_choice, check_dtype, check_int,
+from . import checkpoint as _checkpoint
+from .checkpoint import CheckpointError
+from .._checks import (check_allocatable, check_bool, check_choice, check_dtype, check_int,
                       check_probability, check_real, check_rng, check_shape)
 from . import _gather
 from ._gather import gather_frames
 # The input rules and the writers live in their own modules; their names stay importable from
-# here (acting.py, envs.py and users import them from expreplay.memory).
+# here (acting.py, envs.py and users import them from expreplay.storage.memory).
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
-from .episodes import StoredEpisodes
+from .stored_episodes import StoredEpisodes
 from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID  # noqa: F401
 from .priority import PriorityIndex
 from .writers import BatchWriter, LaneWriter
@@ -534,8 +534,8 @@ class ReplayMemory:
                            extras={name: np.empty(b, arr.dtype) for name, arr in self._extras.items()})
 
     def _sampler(self, frames=1, layout='NCHW'):
-        """The C sampler bound to this memory's tables (:class:`expreplay._gather.Ring`), or
-        None: not built, switched off (``expreplay._gather._gather_ext = None``), or a layout
+        """The C sampler bound to this memory's tables (:class:`expreplay.storage._gather.Ring`), or
+        None: not built, switched off (``expreplay.storage._gather._gather_ext = None``), or a layout
         it does not take (channels-last needs 1-byte frames, at most 8 a row). The defaults
         ask only whether the kernel is there (for the draw)."""
         if not _gather.sampler_takes(self._frames, frames, layout):
@@ -593,7 +593,7 @@ class ReplayMemory:
             ValueError: the memory is not prioritized, the arrays differ in length, an index is
                 not one this memory handed out, or a priority is negative, not finite, or
                 above the bound that keeps the priority tree's sums finite
-                (:meth:`~expreplay.priority.PriorityIndex.check_priorities`: about
+                (:meth:`~expreplay.storage.priority.PriorityIndex.check_priorities`: about
                 ``(1.8e308 / (2 * slots)) ** (1 / alpha)``). Nothing is changed then.
         """
         if self._priorities is None:
@@ -761,7 +761,7 @@ class ReplayMemory:
         Writers may run meanwhile: the episodes' first frames are listed when this is called,
         and each episode is read later under the memory's lock, whole, as a sample is. One
         whose first frame was evicted in between (its slots may hold another episode by then)
-        is skipped, never read in part. The returned :class:`~expreplay.episodes.StoredEpisodes`
+        is skipped, never read in part. The returned :class:`~expreplay.storage.stored_episodes.StoredEpisodes`
         counts what it skipped: ``evicted`` (evicted while the iteration went on) and
         ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
@@ -823,8 +823,8 @@ class ReplayMemory:
         streamed to the file block by block (no second copy of the frames in RAM). Writers
         and samplers wait while it runs. Writers attached now are not part of the checkpoint:
         after :meth:`load`, their partly filled blocks are retired and new writers start new
-        lanes. Each save is logged (logger ``expreplay.memory``, INFO): where, how big, how
-        long. See :mod:`expreplay._checkpoint` for the format.
+        lanes. Each save is logged (logger ``expreplay.storage.memory``, INFO): where, how big, how
+        long. See :mod:`expreplay.storage.checkpoint` for the format.
         """
         path = os.fspath(path)
         with self._lock:

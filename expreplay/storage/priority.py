@@ -10,7 +10,7 @@ fanout (32 by default) keeps the depth at 4 for a million leaves, which is what 
 
 A leaf of value 0 is *absent*: it is never drawn and does not count in the minimum.
 
-The optional C kernel ``expreplay._tree_ext`` (built by setup.py when a compiler is there) runs
+The optional C kernel ``expreplay.storage._tree_ext`` (built by setup.py when a compiler is there) runs
 the descent and the updates: a batch's draw or update in a few microseconds instead of a few
 numpy calls per level. A tree uses it for every operation or (without it) numpy for every one,
 never a mix: an inner node is a function of its children, but the two sum them in a

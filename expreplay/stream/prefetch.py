@@ -24,7 +24,7 @@ import contextlib
 import threading
 import time
 
-from ._checks import check_int
+from .._checks import check_int
 
 __all__ = ['Prefetcher']
 

@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from ._checks import check_int
-from .acting import as_q_values
-from .errors import ManagerClosed, PredictorError
+from .._checks import check_int
+from .group import as_q_values
+from ..errors import ManagerClosed, PredictorError
 
 __all__ = ['InferenceThread', 'Prediction']
 

@@ -1,7 +1,7 @@
 /* Optional accelerator: the common case of storing one acting step of a batch of lanes.
  *
  * Why C: an acting step of a few lanes (one single env inline, a group of four) costs ~80
- * numpy calls of ~1 microsecond each in expreplay/memory.py and expreplay/acting.py, whatever
+ * numpy calls of ~1 microsecond each in expreplay/storage/memory.py and expreplay/acting/group.py, whatever
  * the batch size; tensorpack's original runner spends ~40 microseconds per step in all. This
  * kernel (Store, bound once to a writer's tables) does the whole common case in one call: for
  * every lane, copy the frame into the memory's next slot, publish the step taken from the
@@ -186,7 +186,7 @@ done:
 
 /* history_rows(lanes, pos, base, history_len, rows): rows[j, k] = the FrameHistory row of
  * lane lanes[j]'s k-th frame, oldest first: base[l] + (pos[l] + 1 + k) % history_len (the ring
- * invariant of expreplay/envs.py). int64 arrays; rows (at least len(lanes) * history_len).
+ * invariant of expreplay/acting/envs.py). int64 arrays; rows (at least len(lanes) * history_len).
  * What five numpy calls on a few lanes cost ~5 microseconds for. */
 static PyObject *history_rows(PyObject *self, PyObject *args)
 {
@@ -231,7 +231,7 @@ static PyObject *history_rows(PyObject *self, PyObject *args)
  * A writer's binding to the tables it writes: the memory's (frames, epstep, flags, action,
  * reward, block_fill), the writer's per-lane state (next slot, current slot, its epstep and
  * block offset, the active block, and `safe`, the calls left before some lane may need a new
- * block: expreplay/writers.py), and optionally an acting group's per-lane companions (the
+ * block: expreplay/storage/writers.py), and optionally an acting group's per-lane companions (the
  * FrameHistory ring, scores, lengths, lives). Built once per writer (and history), so that a
  * step is one call with the step's values only. Like store_steps it does the common case only
  * and returns -1, having changed nothing, when anything needs the numpy path. The caller holds
@@ -523,7 +523,7 @@ static PyMethodDef store_methods[] = {
 
 static PyTypeObject StoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "expreplay._acting_ext.Store",
+    .tp_name = "expreplay.storage._acting_ext.Store",
     .tp_basicsize = sizeof(StoreObject),
     .tp_dealloc = (destructor)Store_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,

@@ -1,10 +1,10 @@
 """What may enter the replay memory: the input rules shared by every write path.
 
 Each rule has a one-value form (:func:`check_action`, :func:`check_reward`, :func:`as_frame`:
-a :class:`~expreplay.memory.LaneWriter` step, an env adapter's frame) and a vectorized form
+a :class:`~expreplay.storage.memory.LaneWriter` step, an env adapter's frame) and a vectorized form
 (:func:`check_actions`, :func:`check_rewards`, :func:`check_frames`, :func:`check_flags`: a
-:class:`~expreplay.writers.BatchWriter` call); both forms raise the same errors, naming the
-argument. Everything here is re-exported by :mod:`expreplay.memory`.
+:class:`~expreplay.storage.writers.BatchWriter` call); both forms raise the same errors, naming the
+argument. Everything here is re-exported by :mod:`expreplay.storage.memory`.
 """
 
 import math
@@ -12,7 +12,7 @@ import numbers
 
 import numpy as np
 
-from ._checks import check_dtype
+from .._checks import check_dtype
 
 __all__ = ['as_frame', 'check_frames', 'check_rewards', 'check_actions', 'check_flags',
            'check_action', 'check_reward', 'check_extra_fields', 'check_extras']

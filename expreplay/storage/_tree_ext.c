@@ -1,4 +1,4 @@
-/* Optional accelerator for expreplay/priority.py: the sum/min tree's descent and updates.
+/* Optional accelerator for expreplay/storage/priority.py: the sum/min tree's descent and updates.
  *
  * Why C: a prioritized sample draws 64 leaves through `depth` levels of `fanout` children, and
  * an update of 64 priorities recomputes their ancestors. In numpy each level is a handful of
@@ -293,7 +293,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {
     .m_base = PyModuleDef_HEAD_INIT,
     .m_name = "_tree_ext",
-    .m_doc = "Optional C accelerator for expreplay.priority (sum/min tree descent and updates).",
+    .m_doc = "Optional C accelerator for expreplay.storage.priority (sum/min tree descent and updates).",
     .m_size = -1,
     .m_methods = methods,
 };

@@ -1,0 +1,19 @@
+"""The replay memory: frames stored once in a ring of blocks, written by lanes, sampled.
+
+* :mod:`~expreplay.storage.memory`: :class:`ReplayMemory` (the ring, sampling, statistics);
+* :mod:`~expreplay.storage.writers`: :class:`LaneWriter` and :class:`BatchWriter` (the write path);
+* :mod:`~expreplay.storage.priority`: the sum tree behind prioritized sampling;
+* :mod:`~expreplay.storage.checkpoint`: ``save`` / ``load`` and the checks a loaded file passes;
+* :mod:`~expreplay.storage.stored_episodes`: what :meth:`ReplayMemory.episodes` returns.
+
+The optional C kernels live here too (``_gather_ext``, ``_acting_ext``, ``_tree_ext``); each
+module that uses one falls back to numpy when it is not built.
+"""
+
+from .checkpoint import CheckpointError
+from .memory import Experience, ReplayMemory, SampleBatch
+from .stored_episodes import StoredEpisodes
+from .writers import BatchWriter, LaneWriter
+
+__all__ = ['ReplayMemory', 'SampleBatch', 'Experience', 'LaneWriter', 'BatchWriter',
+           'CheckpointError', 'StoredEpisodes']
