@@ -8,3 +8,13 @@ test module can import TensorFlow, so the order in which pytest imports modules 
 import os
 
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+
+import sys
+
+# Test modules sit in sub-directories that mirror the package. The helpers they share sit
+# here (scripted_env.py), and a few modules reuse another directory's helpers (the memory
+# tests' frame encoding): put them all on the path, whichever directory pytest starts in.
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_TESTS] + sorted(os.path.join(_TESTS, d) for d in os.listdir(_TESTS)
+                                 if os.path.isfile(os.path.join(_TESTS, d, '__init__.py')) is False
+                                 and os.path.isdir(os.path.join(_TESTS, d)) and not d.startswith(('.', '_')))

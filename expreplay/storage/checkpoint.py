@@ -29,7 +29,7 @@ To add a table (e.g. per-slot priorities): give ``ReplayMemory`` the array, add 
 :data:`TABLES` (a ``slot`` table's first axis is the slot), add its rules to :func:`validate`
 if it has any, and bump :data:`VERSION`. To keep reading files of the previous version, list
 the tables they lack in :data:`MISSING_IN_OLD_VERSIONS`: a memory loaded from such a file
-keeps those tables as its constructor made them. ``tests/test_checkpoint.py`` shows it.
+keeps those tables as its constructor made them. ``tests/storage/test_checkpoint.py`` shows it.
 
 Writing goes to a temporary file beside the target, locked while it is written, which is
 renamed over the target only when complete (a killed save leaves the previous checkpoint). The

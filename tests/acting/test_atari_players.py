@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip('tensorpack')
 pytest.importorskip('ale_py')
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'examples'))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'examples'))
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 import dqn_atari  # noqa: E402
 

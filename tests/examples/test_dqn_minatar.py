@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip('minatar')
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, 'examples'))
 
 with warnings.catch_warnings():

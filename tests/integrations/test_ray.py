@@ -33,7 +33,7 @@ LENGTHS = (5, 3, 8)
 ENDS = ('terminated', 'truncated')
 H = 3
 LIFE_EVERY = 4                 # with lives=3 an episode (<= 8 steps) never runs out of lives
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROOT = os.path.dirname(TESTS)
 
 

@@ -5,6 +5,7 @@ memory, with a proxy that logs what EnvPool returned and what it was sent, and c
 lane's writes against that log step by step.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -16,7 +17,7 @@ from expreplay import ReplayMemory  # noqa: E402
 from expreplay.acting.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_env  # noqa: E402
 from expreplay.acting import EnvRunner, EnvRunnerManager  # noqa: E402
 
-sys.path.insert(0, __file__.rsplit('/', 1)[0])
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from test_runner import RecordingMemory  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

@@ -273,7 +273,7 @@ def test_bad_arguments_fail_at_construction():
 def test_stream_does_not_import_tensorflow():
     code = ("import sys, expreplay.stream, expreplay; expreplay.ReplayStream; "
             "assert 'tensorflow' not in sys.modules and 'tensorpack' not in sys.modules")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, '-c', code], check=True, cwd=root)
 
 
@@ -287,7 +287,7 @@ def test_first_frames_of_a_batch_are_real_observations():
 
 
 def test_numpy_example_runs():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, os.path.join(root, 'examples', 'numpy_stream.py'),
                           '--steps', '100'], check=True, cwd=root, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=root))

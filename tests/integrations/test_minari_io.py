@@ -288,6 +288,6 @@ def test_import_is_lazy_and_missing_minari_says_how_to_install():
             "except ImportError as e:\n"
             "    print(e)\n")
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.returncode == 0, out.stderr
     assert "pip install 'expreplay[minari]'" in out.stdout

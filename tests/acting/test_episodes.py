@@ -377,9 +377,9 @@ CHILD = textwrap.dedent('''
 
 def test_records_survive_a_killed_process(tmp_path):
     path = str(tmp_path / EPISODE_LOG_FILENAME)
-    script = CHILD.format(tests=os.path.dirname(__file__), path=path)
+    script = CHILD.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path=path)
     proc = subprocess.Popen([sys.executable, '-c', script], stdout=subprocess.PIPE, text=True,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     try:
         announced = -1
         for line in proc.stdout:                  # blocks until the child announces a record

@@ -414,7 +414,7 @@ def test_import_sets_legacy_keras_before_tensorflow():
             "assert os.environ['TF_USE_LEGACY_KERAS'] == '1'\n"
             "import tensorflow as tf\n"
             "assert callable(tf.compat.v1.layers.dense)\n")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=root, capture_output=True,
                           text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
