@@ -1,0 +1,139 @@
+"""The package's shape: sizes that keep each piece readable, and imports that form no circle.
+
+Read statically (the AST of every module under ``expreplay/``), so these checks import nothing.
+A class counts from its ``class`` line to its last line, a function likewise (its docstring and
+comments included: they are read too).
+"""
+
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, 'expreplay')
+
+MAX_MODULE_LINES = 600
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 80
+
+
+def _modules():
+    """``{dotted name: (path, is_package)}`` for every Python module of the package."""
+    found = {}
+    for folder, dirs, files in os.walk(PACKAGE):
+        dirs[:] = [d for d in dirs if not d.startswith(('.', '__'))]
+        for name in files:
+            if name.endswith('.py'):
+                path = os.path.join(folder, name)
+                parts = os.path.relpath(path, ROOT)[:-3].split(os.sep)
+                is_package = parts[-1] == '__init__'
+                if is_package:
+                    parts = parts[:-1]
+                found['.'.join(parts)] = (path, is_package)
+    return found
+
+
+MODULES = _modules()
+
+
+def _tree(path):
+    with open(path) as f:
+        return ast.parse(f.read(), path)
+
+
+def _span(node):
+    return node.end_lineno - node.lineno + 1
+
+
+def _oversized():
+    too_long = []
+    for name, (path, _) in sorted(MODULES.items()):
+        tree = _tree(path)
+        lines = len(open(path).read().splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f'module {name}: {lines} lines (at most {MAX_MODULE_LINES})')
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and _span(node) > MAX_CLASS_LINES:
+                too_long.append(f'class {name}.{node.name}: {_span(node)} lines '
+                                f'(at most {MAX_CLASS_LINES})')
+            elif (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                  and _span(node) > MAX_FUNCTION_LINES):
+                too_long.append(f'function {name} {node.name}: {_span(node)} lines '
+                                f'(at most {MAX_FUNCTION_LINES})')
+    return too_long
+
+
+def test_no_module_class_or_function_is_oversized():
+    assert _oversized() == []
+
+
+def _resolve(module, is_package, level, target):
+    """The absolute name ``from <level dots><target> import ...`` refers to inside ``module``."""
+    base = module.split('.')
+    if not is_package:
+        base = base[:-1]
+    if level > 1:
+        base = base[:len(base) - (level - 1)]
+    return '.'.join(base + ([target] if target else []))
+
+
+def _imports(name, path, is_package):
+    """The package modules ``name`` imports when it is imported (module level only: an import
+    inside a function runs later and is how a module stays light)."""
+    out = set()
+    for node in _tree(path).body:
+        stmts = [node]
+        if isinstance(node, ast.Try):
+            stmts = node.body + [s for h in node.handlers for s in h.body]
+        for stmt in stmts:
+            if isinstance(stmt, ast.ImportFrom):
+                if stmt.level:
+                    base = _resolve(name, is_package, stmt.level, stmt.module)
+                else:
+                    base = stmt.module or ''
+                for alias in stmt.names:
+                    sub = f'{base}.{alias.name}'
+                    out.add(sub if sub in MODULES else base)
+            elif isinstance(stmt, ast.Import):
+                out.update(alias.name for alias in stmt.names)
+    # ``from . import _gather_ext`` (a compiled sub-module) names the module's own package: that
+    # is not an import of the package's ``__init__``, which is already running.
+    return {m for m in out if m in MODULES and m != name and m not in _parents(name)}
+
+
+def _cycles():
+    graph = {name: _imports(name, path, pkg) for name, (path, pkg) in MODULES.items()}
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = 'open'
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 'open':
+                cycles.append(' -> '.join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = 'done'
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    return cycles
+
+
+def _parents(name):
+    parts = name.split('.')
+    return ['.'.join(parts[:i]) for i in range(1, len(parts))]
+
+
+def test_no_import_circle_between_modules():
+    assert _cycles() == []
+
+
+@pytest.mark.parametrize('checker', [_oversized, _cycles])
+def test_the_checks_see_the_package(checker):
+    # Guard against a check that passes because it read nothing.
+    assert len(MODULES) > 20 and 'expreplay.storage.memory' in MODULES
+    assert isinstance(checker(), list)
