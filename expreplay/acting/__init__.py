@@ -2,8 +2,11 @@
 
 The layer itself lives in modules with one job each:
 
-* :mod:`expreplay.acting.group`: :class:`EnvRunner` (one environment and its counters) and
-  :class:`ActingGroup` (the one acting path: several runners' sub-envs stepped as one batch);
+* :mod:`expreplay.acting.runner`: :class:`EnvRunner` (one environment and its counters);
+* :mod:`expreplay.acting.group`: :class:`ActingGroup` (the one acting path: several runners'
+  sub-envs stepped as one batch), made of :mod:`~expreplay.acting.policy` (the epsilon-greedy
+  draws and Q-values), :mod:`~expreplay.acting.lanes` (episodes and the memory writes) and
+  :mod:`~expreplay.acting.resets` (resets and scheduled starts);
 * :mod:`expreplay.acting.inference`: :class:`InferenceThread` (the predictor in a thread of its own,
   merging the submissions of several simulator threads);
 * :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager` (the staleness window, the threads,
@@ -12,7 +15,8 @@ The layer itself lives in modules with one job each:
 * :mod:`expreplay.errors`: the exceptions.
 """
 
-from .group import ActingGroup, EnvRunner
+from .group import ActingGroup
+from .runner import EnvRunner
 from ..errors import CallTimeout, EnvError, ManagerClosed, PredictorError, RunnerError
 from .inference import InferenceThread
 from .manager import EnvRunnerManager

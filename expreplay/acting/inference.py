@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from .._checks import check_int
-from .group import as_q_values
+from .policy import as_q_values
 from ..errors import ManagerClosed, PredictorError
 
 __all__ = ['InferenceThread', 'Prediction']

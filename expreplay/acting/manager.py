@@ -17,7 +17,8 @@ import warnings
 import numpy as np
 
 from .._checks import check_int, check_probability, check_timeout
-from .group import ActingGroup, EnvRunner
+from .group import ActingGroup
+from .runner import EnvRunner
 from ..errors import CallTimeout, EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 

@@ -166,8 +166,8 @@ def test_frame_format_reshapes_and_refuses_lossy_casts():
 @pytest.mark.parametrize('kernel', ['C', 'numpy'])
 def test_frame_history_is_channels_last_oldest_first_zero_padded(kernel, monkeypatch):
     if kernel == 'numpy':
-        import expreplay.acting.envs
-        monkeypatch.setattr(expreplay.acting.envs, '_acting_ext', None)
+        import expreplay.acting.envs.frames
+        monkeypatch.setattr(expreplay.acting.envs.frames, '_acting_ext', None)
     h = FrameHistory(2, (6,), 3, np.uint8)
     h.start([0, 1], np.stack([encode(0, 0, 0), encode(1, 0, 0)]))
     h.push([1], encode(1, 0, 1)[None])

@@ -163,9 +163,11 @@ def kernels(request, monkeypatch):
     """Run a test with the optional C kernels of the acting path, and with the numpy path
     they are a shortcut for (as on a machine without a compiler)."""
     if request.param == 'numpy':
-        import expreplay.acting.group
+        import expreplay.acting.envs.frames
+        import expreplay.acting.policy
         import expreplay.storage.writers
-        monkeypatch.setattr(expreplay.acting.group, '_acting_ext', None)
+        monkeypatch.setattr(expreplay.acting.policy, '_acting_ext', None)
+        monkeypatch.setattr(expreplay.acting.envs.frames, '_acting_ext', None)
         monkeypatch.setattr(expreplay.storage.writers, '_acting_ext', None)
     elif expreplay_kernels_missing():
         pytest.skip("the C kernels are not built here")
@@ -173,8 +175,8 @@ def kernels(request, monkeypatch):
 
 
 def expreplay_kernels_missing():
-    import expreplay.acting.group
-    return expreplay.acting.group._acting_ext is None
+    import expreplay.acting.policy
+    return expreplay.acting.policy._acting_ext is None
 
 
 @pytest.mark.parametrize('threads', MODES)
@@ -1050,8 +1052,8 @@ def test_a_rejected_observation_ends_the_episode_cleanly_and_the_runner_goes_on(
 
 
 def test_finished_game_records_are_bounded_when_never_read(monkeypatch):
-    import expreplay.acting.group
-    monkeypatch.setattr(expreplay.acting.group, 'MAX_KEPT_GAMES', 100)
+    import expreplay.acting.runner
+    monkeypatch.setattr(expreplay.acting.runner, 'MAX_KEPT_GAMES', 100)
     runner = EnvRunner(ScriptedEnv(0, episode_lengths=1), None, ReplayMemory(200, (6,), H), H)
     for _ in range(1000):      # 500 games of one step (a reset between each)
         runner.step(1.0)

@@ -1,0 +1,117 @@
+"""Frames for the memory and the predictor: :class:`FrameFormat` (observations -> memory frames)
+and :class:`FrameHistory` (the last ``history_len`` frames of each sub-environment's current
+episode, which is what the predictor sees).
+
+``FrameHistory.states`` computes its gather rows in the optional C kernel; setting
+``expreplay.acting.envs.frames._acting_ext`` to None switches it to numpy (what the tests do to
+check both).
+"""
+
+import importlib
+from typing import Any
+
+import numpy as np
+
+from ...storage._gather import gather_history
+from ...storage._inputs import as_frame, check_frames
+
+_acting_ext: Any
+try:  # optional, built by setup.py when a C compiler is available
+    _acting_ext = importlib.import_module('expreplay.storage._acting_ext')
+except ImportError:
+    _acting_ext = None
+
+__all__ = ['FrameFormat', 'FrameHistory']
+
+
+class FrameFormat:
+    """Turns observations into frames the memory stores: ``state_shape``, ``dtype``.
+
+    The shape rule: an observation has ``state_shape``, or differs from it only by axes of
+    size 1 (``AtariVectorEnv(stack_num=1)`` and EnvPool give (1, 84, 84) per sub-environment
+    for a (84, 84) memory; an (84, 84, 1) observation fits too): the two shapes are equal once
+    their size-1 axes are removed. Any other shape is refused, also one of the same size (a
+    (4, 2) observation is not a (2, 4) frame: reshaping it would scramble it). A dtype change
+    is allowed only where no data is lost (the memory's own rule,
+    :func:`expreplay.storage.memory.as_frame`, so that the runner refuses exactly what the memory would).
+    """
+
+    def __init__(self, state_shape, dtype):
+        self.state_shape = tuple(state_shape)
+        self.dtype = np.dtype(dtype)
+        self._squeezed = _squeezed(self.state_shape)
+
+    def __call__(self, obs):
+        """One observation as a frame."""
+        arr = np.asarray(obs)
+        if arr.shape != self.state_shape and _squeezed(arr.shape) == self._squeezed:
+            arr = arr.reshape(self.state_shape)
+        return as_frame(arr, self.state_shape, self.dtype, 'player observation').astype(
+            self.dtype, copy=False)
+
+    def batch(self, obs, n):
+        """``n`` stacked observations as ``(n, *state_shape)`` frames."""
+        arr = np.asarray(obs)
+        shape = (n,) + self.state_shape
+        if arr.shape != shape and _squeezed(arr.shape) == _squeezed(shape):
+            arr = arr.reshape(shape)       # moves size-1 axes only: the data keeps its order
+        if arr.ndim == 0 or len(arr) != n:
+            raise ValueError(f"player observations of shape {arr.shape} for {n} sub-environments")
+        return check_frames(arr, self.state_shape, self.dtype, 'player observations').astype(
+            self.dtype, copy=False)
+
+
+def _squeezed(shape):
+    return tuple(d for d in shape if d != 1)
+
+
+class FrameHistory:
+    """The last ``history_len`` frames of each lane's (sub-environment's) current episode.
+
+    A ring of ``history_len`` frames per lane: a new frame overwrites the lane's oldest one
+    (one frame copied per step, not ``history_len``). States are handed out channels-last
+    ``(n, *state_shape, history_len)``, oldest first, zero-padded before the episode's first
+    frame: the same frames the memory gives the learner as ``comb_state[..., :-1]``.
+    Invariant: row ``lane * h + pos[lane]`` holds the lane's newest frame, the rows after it
+    (cyclically) the older ones, oldest first; rows from before the episode's start are zeros.
+    """
+
+    def __init__(self, num_lanes, state_shape, history_len, dtype):
+        self.history_len = h = int(history_len)
+        self._frames = np.zeros((num_lanes * h,) + tuple(state_shape), dtype)
+        self._pos = np.zeros(num_lanes, np.int64)
+        self._base = np.arange(num_lanes, dtype=np.int64) * h     # each lane's first row
+        self._ring = np.arange(1, h + 1)
+        self._rows = np.zeros((num_lanes, h), np.intp)             # states()' scratch
+
+    def start(self, lanes, frames):
+        """Begin a new episode in each of ``lanes`` with its first frame ``frames[j]``."""
+        h = self.history_len
+        lanes = np.asarray(lanes, np.int64)
+        rows = lanes * h
+        if h > 1:
+            self._frames[(rows[:, None] + np.arange(h)).ravel()] = 0
+        self._pos[lanes] = 0
+        self._frames[rows] = frames
+
+    def push(self, lanes, frames):
+        """Append the next frame of each of ``lanes``' episodes."""
+        h = self.history_len
+        lanes = np.asarray(lanes, np.int64)
+        pos = (self._pos[lanes] + 1) % h
+        self._pos[lanes] = pos
+        self._frames[self._base[lanes] + pos] = frames
+
+    def latest(self, lane):
+        """The newest frame of ``lane`` (a view)."""
+        return self._frames[lane * self.history_len + self._pos[lane]]
+
+    def states(self, lanes):
+        """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
+        if _acting_ext is not None:
+            lanes = np.asarray(lanes, np.int64)
+            rows = self._rows[:len(lanes)]
+            _acting_ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
+        else:
+            rows = self._base[lanes][:, None] + (self._pos[lanes][:, None] + self._ring) % self.history_len
+        return gather_history(self._frames, rows)
