@@ -1,5 +1,9 @@
 """The exceptions the acting layer raises (one place, so that every module raises the same)."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __all__ = ['RunnerError', 'EnvError', 'PredictorError', 'ManagerClosed', 'CallTimeout']
 
 
@@ -10,7 +14,7 @@ class RunnerError(RuntimeError):
 class EnvError(RunnerError):
     """The environment raised while resetting or stepping, or returned something the memory
     can not store. ``runner`` is the :class:`~expreplay.acting.group.EnvRunner` whose env it was."""
-    runner = None
+    runner: Any = None
 
 
 class PredictorError(RunnerError):

@@ -10,9 +10,8 @@ that do those jobs:
 * :class:`RestartPool`: starts a share of the episodes of ALE envs from emulator states saved
   in earlier episodes;
 * :class:`EpisodeRecord`, :class:`EpisodeLog` (a crash-safe JSONL writer),
-  :func:`read_episode_log` and :class:`EpisodeTotals` (counters for monitors);
-* :class:`StoredEpisodes`: the episodes a memory still holds, as
-  :meth:`expreplay.ReplayMemory.episodes` reads them, with what it had to skip.
+  :func:`read_episode_log` and :class:`EpisodeTotals` (counters for monitors): defined in
+  :mod:`expreplay.acting.records`, importable from here.
 
 The scheduler protocol
 ======================
@@ -48,23 +47,22 @@ resets its sub-environments itself; those episodes are recorded with ``start_kin
 and ``seed=None``, and the scheduler is not consulted for them.
 """
 
+from __future__ import annotations
+
 import collections
-import json
-import os
 import threading
-import time
-from typing import Any, NamedTuple, Optional
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._checks import check_bool, check_int, check_probability, check_real, check_seed
+from .records import (EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals,  # noqa: F401
+                      read_episode_log)
 
 __all__ = ['EpisodeStart', 'RestartPoint', 'EpisodeScheduler', 'ProceduralSeeds', 'FixedSeed',
            'SeedList', 'SeedsExhausted', 'Curriculum', 'RestartPool', 'EpisodeRecord',
-           'EpisodeLog', 'read_episode_log', 'EpisodeTotals', 'EPISODE_LOG_FILENAME',
-           'StoredEpisodes']
-
-EPISODE_LOG_FILENAME = 'episodes.jsonl'
+           'EpisodeLog', 'read_episode_log', 'EpisodeTotals', 'EPISODE_LOG_FILENAME']
 
 # Seeds handed to reset(): below 2**31, so that envs that keep them in a C int accept them too.
 _SEED_MASK = 0x7FFFFFFF
@@ -82,10 +80,10 @@ class EpisodeStart(NamedTuple):
             ``'restart'`` for a start from a :class:`RestartPoint` (any string is allowed).
         restore: a :class:`RestartPoint` to restore right after the reset, or None.
     """
-    seed: Optional[int] = None
-    options: Optional[dict] = None
+    seed: int | None = None
+    options: dict[str, Any] | None = None
     kind: str = 'reset'
-    restore: Optional['RestartPoint'] = None
+    restore: RestartPoint | None = None
 
 
 class RestartPoint(NamedTuple):
@@ -104,9 +102,9 @@ class RestartPoint(NamedTuple):
     """
     state: Any
     frame: np.ndarray
-    lives: Optional[int]
-    action: Optional[int]
-    origin: dict
+    lives: int | None
+    action: int | None
+    origin: dict[str, Any]
 
 
 class EpisodeScheduler:
@@ -118,14 +116,14 @@ class EpisodeScheduler:
 
     needs_emulator_state = False
 
-    def start(self, runner_index, env_index, episode_index):
+    def start(self, runner_index: int, env_index: int, episode_index: int) -> EpisodeStart:
         raise NotImplementedError
 
-    def episode_end(self, record):
+    def episode_end(self, record: EpisodeRecord) -> None:
         """Called with every finished episode's :class:`EpisodeRecord` (default: nothing)."""
 
 
-def _check_seed(seed, what='seed'):
+def _check_seed(seed: Any, what: str = 'seed') -> int:
     return check_seed(seed, what, allow_none=False)
 
 
@@ -155,19 +153,19 @@ class ProceduralSeeds(EpisodeScheduler):
         options (dict, optional): reset options for every episode.
     """
 
-    def __init__(self, base_seed, options=None):
+    def __init__(self, base_seed: int, options: dict[str, Any] | None = None):
         self.base_seed = _check_seed(base_seed, 'base_seed')
         self.options = _check_options(options)
 
-    def seed_for(self, runner_index, env_index, episode_index):
+    def seed_for(self, runner_index: int, env_index: int, episode_index: int) -> int:
         """The seed of that episode (what :meth:`start` uses)."""
         entropy = [self.base_seed, int(runner_index), int(env_index), int(episode_index)]
         return int(np.random.SeedSequence(entropy).generate_state(1)[0]) & _SEED_MASK
 
-    def start(self, runner_index, env_index, episode_index):
+    def start(self, runner_index: int, env_index: int, episode_index: int) -> EpisodeStart:
         return EpisodeStart(self.seed_for(runner_index, env_index, episode_index), _copy(self.options))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ProceduralSeeds({self.base_seed})"
 
 
@@ -179,14 +177,14 @@ class FixedSeed(EpisodeScheduler):
         options (dict, optional): reset options for every episode.
     """
 
-    def __init__(self, seed, options=None):
+    def __init__(self, seed: int, options: dict[str, Any] | None = None):
         self.seed = _check_seed(seed)
         self.options = _check_options(options)
 
-    def start(self, runner_index, env_index, episode_index):
+    def start(self, runner_index: int, env_index: int, episode_index: int) -> EpisodeStart:
         return EpisodeStart(self.seed, _copy(self.options))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"FixedSeed({self.seed})"
 
 
@@ -210,7 +208,8 @@ class SeedList(EpisodeScheduler):
         options (dict, optional): reset options for every episode.
     """
 
-    def __init__(self, seeds, cycle=True, shared=False, options=None):
+    def __init__(self, seeds: Sequence[int], cycle: bool = True, shared: bool = False,
+                 options: dict[str, Any] | None = None):
         self.seeds = [_check_seed(s, f'seeds[{i}]') for i, s in enumerate(seeds)]
         if not self.seeds:
             raise ValueError("seeds is empty")
@@ -220,7 +219,7 @@ class SeedList(EpisodeScheduler):
         self._lock = threading.Lock()
         self._cursor = 0
 
-    def start(self, runner_index, env_index, episode_index):
+    def start(self, runner_index: int, env_index: int, episode_index: int) -> EpisodeStart:
         if self.shared:
             with self._lock:
                 k = self._cursor
@@ -233,7 +232,7 @@ class SeedList(EpisodeScheduler):
                                  "pass cycle=True to start over")
         return EpisodeStart(self.seeds[k % len(self.seeds)], _copy(self.options))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"SeedList({len(self.seeds)} seeds, cycle={self.cycle}, shared={self.shared})"
 
 
@@ -256,10 +255,12 @@ class Curriculum(EpisodeScheduler):
     its next reset. The episode records carry the options each episode was started with.
     """
 
-    def __init__(self, options, seeds=None, count_env_steps=True):
+    def __init__(self, options: Callable[[int], dict[str, Any] | None] | Sequence[tuple[float, Any]],
+                 seeds: EpisodeScheduler | None = None, count_env_steps: bool = True):
+        self.stages: list[tuple[float, Any]] | None = None
+        self._options_fn: Callable[[Any], Any]
         if callable(options):
             self._options_fn = options
-            self.stages = None
         else:
             stages = sorted(((check_real(t, f'options[{i}] threshold'), _check_options(o))
                              for i, (t, o) in enumerate(options)), key=lambda s: s[0])
@@ -272,24 +273,24 @@ class Curriculum(EpisodeScheduler):
         self.progress = 0
         self._lock = threading.Lock()
 
-    def _stage_options(self, progress):
+    def _stage_options(self, progress: int) -> dict[str, Any] | None:
         chosen = None
-        for threshold, options in self.stages:
+        for threshold, options in self.stages or ():
             if threshold <= progress:
                 chosen = options
         return chosen
 
-    def options_for(self, progress):
+    def options_for(self, progress: int) -> dict[str, Any] | None:
         """The reset options at this progress."""
         return _check_options(self._options_fn(progress))
 
-    def start(self, runner_index, env_index, episode_index):
+    def start(self, runner_index: int, env_index: int, episode_index: int) -> EpisodeStart:
         seed = None
         if self.seeds is not None:
             seed = self.seeds.start(runner_index, env_index, episode_index).seed
         return EpisodeStart(seed, _copy(self.options_for(self.progress)))
 
-    def episode_end(self, record):
+    def episode_end(self, record: EpisodeRecord) -> None:
         if self.count_env_steps:
             with self._lock:
                 self.progress += record.length
@@ -343,29 +344,29 @@ class RestartPool(EpisodeScheduler):
 
     needs_emulator_state = True
 
-    def __init__(self, share=0.25, capacity=64, harvest_every=100, base=None, include_rng=False,
-                 seed=0):
+    def __init__(self, share: float = 0.25, capacity: int = 64, harvest_every: int = 100,
+                 base: Any = None, include_rng: bool = False, seed: int = 0):
         self.share = check_probability(share, 'share')
         self.capacity = check_int(capacity, 'capacity', 1, allow_float=True)
         self.harvest_every = check_int(harvest_every, 'harvest_every', 1, allow_float=True)
         self.base = base
         self.include_rng = check_bool(include_rng, 'include_rng')
         self.seed = _check_seed(seed)
-        self._pool = collections.deque(maxlen=self.capacity)
+        self._pool: collections.deque[RestartPoint] = collections.deque(maxlen=self.capacity)
         self._lock = threading.Lock()
         self.harvested = 0
         self.restarts = 0
 
-    def __len__(self):
+    def __len__(self) -> int:
         with self._lock:
             return len(self._pool)
 
-    def points(self):
+    def points(self) -> list[RestartPoint]:
         """A list of the pooled :class:`RestartPoint` s, oldest first."""
         with self._lock:
             return list(self._pool)
 
-    def add(self, point):
+    def add(self, point: RestartPoint) -> None:
         """Put a :class:`RestartPoint` into the pool (the oldest goes when it is full)."""
         if not isinstance(point, RestartPoint):
             raise TypeError(f"expected a RestartPoint, got {type(point).__name__}")
@@ -373,12 +374,12 @@ class RestartPool(EpisodeScheduler):
             self._pool.append(point)
             self.harvested += 1
 
-    def clear(self):
+    def clear(self) -> None:
         """Empty the pool."""
         with self._lock:
             self._pool.clear()
 
-    def start(self, runner_index, env_index, episode_index):
+    def start(self, runner_index: int, env_index: int, episode_index: int) -> EpisodeStart:
         plain = (self.base.start(runner_index, env_index, episode_index)
                  if self.base is not None else EpisodeStart())
         if self.share <= 0.0:
@@ -393,204 +394,16 @@ class RestartPool(EpisodeScheduler):
             self.restarts += 1
         return EpisodeStart(plain.seed, plain.options, 'restart', point)
 
-    def observe_step(self, runner_index, env_index, episode_step, snapshot):
+    def observe_step(self, runner_index: int, env_index: int, episode_step: int,
+                     snapshot: Callable[..., RestartPoint]) -> None:
         if episode_step % self.harvest_every == 0:
             self.add(snapshot(include_rng=self.include_rng))
 
-    def episode_end(self, record):
+    def episode_end(self, record: EpisodeRecord) -> None:
         hook = getattr(self.base, 'episode_end', None)
         if hook is not None:
             hook(record)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"RestartPool(share={self.share}, capacity={self.capacity}, "
                 f"harvest_every={self.harvest_every}, {len(self)} states)")
-
-
-# ------------------------------------------------------------------------------------- records
-class EpisodeRecord(NamedTuple):
-    """What became of one finished episode (a game: all lives).
-
-    Attributes:
-        runner: the runner's index.
-        env_index: the sub-environment (0 for a single env).
-        episode: the game's index on that sub-environment (0 first; as passed to ``start``).
-        seed: the seed of its reset, or None (unseeded, or an autoreset).
-        start_kind: ``'reset'``, ``'restart'`` (from a :class:`RestartPoint`), ``'autoreset'``
-            (a vector env reset it by itself), or a custom scheduler's kind.
-        score: sum of the rewards (all lives; from the restart point for a restart).
-        length: environment steps.
-        terminated, truncated: how the game ended (the env's flags, not the training ones).
-        life_losses: how many times ``info['lives']`` decreased (0 without lives).
-        wall_time: seconds from the episode's start to its end.
-        steps_per_sec: ``length / wall_time``: the rate this env was stepped at, including the
-            time its runner waited for step requests and predictions.
-        end_time: Unix time of the end.
-        options: the reset options it was started with, or None.
-        restored_from: the origin of the :class:`RestartPoint` of a restart, else None.
-    """
-    runner: int
-    env_index: int
-    episode: int
-    seed: Optional[int]
-    start_kind: str
-    score: float
-    length: int
-    terminated: bool
-    truncated: bool
-    life_losses: int
-    wall_time: float
-    steps_per_sec: float
-    end_time: float = 0.0
-    options: Optional[dict] = None
-    restored_from: Optional[dict] = None
-
-    def to_json(self):
-        """One line of JSON (no newline); options that JSON can not hold are written as repr."""
-        return json.dumps(self._asdict(), default=_json_fallback, allow_nan=True)
-
-    @classmethod
-    def from_dict(cls, data):
-        """The record of a dict read back from a log (unknown keys are ignored)."""
-        return cls(**{k: data[k] for k in cls._fields if k in data})
-
-
-def _json_fallback(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    return repr(value)
-
-
-class EpisodeLog:
-    """Appends :class:`EpisodeRecord` s to a JSONL file, one line per episode, crash-safe.
-
-    Every record is written with one ``write`` call, flushed and (by default) ``fsync`` 'd
-    before :meth:`write` returns, so a record that was handed over survives a crash or a
-    ``SIGKILL`` of the process; at worst the last line is cut, which :func:`read_episode_log`
-    skips. The file is opened for appending: a resumed run adds to the same log.
-
-    Thread-safe (several runner threads write through one log). Use it as the runners'
-    ``on_episode_end`` callback (it is callable). Records written after :meth:`close` are
-    dropped: a simulator thread stuck in an env call may finish its episode after shutdown.
-
-    Args:
-        path: the file (its directory is created).
-        fsync (bool): fsync after every record (a disk write per episode, which is cheap next
-            to an episode's length; False leaves it to the OS: a crash of the process still
-            loses nothing, a crash of the machine may).
-    """
-
-    def __init__(self, path, fsync=True):
-        self.path = os.fspath(path)
-        self.fsync = check_bool(fsync, 'fsync')
-        directory = os.path.dirname(self.path)
-        if directory:
-            os.makedirs(directory, exist_ok=True)
-        self._file = open(self.path, 'a', encoding='utf-8')
-        self._lock = threading.Lock()
-        self.records_written = 0
-
-    def write(self, record):
-        """Append one record (an :class:`EpisodeRecord` or a dict); True once it is on disk."""
-        line = (record.to_json() if isinstance(record, EpisodeRecord)
-                else json.dumps(record, default=_json_fallback)) + '\n'
-        with self._lock:
-            if self._file is None:
-                return False
-            self._file.write(line)
-            self._file.flush()
-            if self.fsync:
-                os.fsync(self._file.fileno())
-            self.records_written += 1
-        return True
-
-    __call__ = write
-
-    @property
-    def closed(self):
-        return self._file is None
-
-    def close(self):
-        """Close the file. Idempotent."""
-        with self._lock:
-            if self._file is not None:
-                self._file.close()
-                self._file = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-    def __repr__(self):
-        return f"EpisodeLog({self.path!r})"
-
-
-def read_episode_log(path, as_dicts=False):
-    """The records of an episode log, oldest first.
-
-    A last line without its newline (the process died while writing it) is skipped; any other
-    line that is not a JSON object raises ValueError naming the line. ``as_dicts`` returns the
-    parsed dicts instead of :class:`EpisodeRecord` s (e.g. for logs with extra keys).
-    """
-    with open(os.fspath(path), encoding='utf-8') as f:
-        text = f.read()
-    lines = text.split('\n')
-    # The text after the last newline is a record cut by a crash (or '' when there is none).
-    complete, out = lines[:-1], []
-    for number, line in enumerate(complete, 1):
-        if not line.strip():
-            continue
-        try:
-            data = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: line {number} is not JSON: {err}") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: line {number} is not a JSON object")
-        out.append(data if as_dicts else EpisodeRecord.from_dict(data))
-    return out
-
-
-class EpisodeTotals:
-    """Running totals over :class:`EpisodeRecord` s (a thread-safe ``on_episode_end`` callback).
-
-    Attributes (read with :meth:`snapshot`): ``episodes``, ``steps``, ``life_losses`` and
-    ``by_kind`` (finished episodes per start kind).
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.episodes = 0
-        self.steps = 0
-        self.life_losses = 0
-        self.by_kind = collections.Counter()
-
-    def __call__(self, record):
-        with self._lock:
-            self.episodes += 1
-            self.steps += int(record.length)
-            self.life_losses += int(record.life_losses)
-            self.by_kind[record.start_kind] += 1
-
-    def snapshot(self):
-        """A dict copy of the totals."""
-        with self._lock:
-            return {'episodes': self.episodes, 'steps': self.steps,
-                    'life_losses': self.life_losses, 'by_kind': dict(self.by_kind)}
-
-
-def make_record(runner, env_index, episode, seed, start_kind, score, length, terminated, truncated,
-                life_losses, started_at, options=None, restored_from=None):
-    """Build an :class:`EpisodeRecord` from the runner's counters (``started_at``: monotonic)."""
-    # Floored so that steps_per_sec stays a finite float (valid JSON) for a zero-length clock tick.
-    wall = max(time.monotonic() - started_at, 1e-9)
-    return EpisodeRecord(
-        runner=int(runner), env_index=int(env_index), episode=int(episode),
-        seed=None if seed is None else int(seed), start_kind=str(start_kind), score=float(score),
-        length=int(length), terminated=bool(terminated), truncated=bool(truncated),
-        life_losses=int(life_losses), wall_time=wall,
-        steps_per_sec=length / wall, end_time=time.time(),
-        options=options, restored_from=restored_from)

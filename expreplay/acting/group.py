@@ -99,6 +99,11 @@ class ActingGroup:
         else None: what a manager's watchdog names when the call hangs."""
         return self._resets.current_call
 
+    @property
+    def in_step(self) -> bool:
+        """True between :meth:`begin` and :meth:`finish` (or :meth:`abort`)."""
+        return self._pending is not None
+
     def _env_state(self, k: int, env_index: int, include_rng: bool) -> Any:
         return self._resets.env_state(k, env_index, include_rng)
 
@@ -336,7 +341,7 @@ class _SingleSteps:
         fmt = self._format
         shape, dtype = fmt.state_shape, fmt.dtype
         runners = self._runners
-        failed = []
+        failed: list[tuple[int, BaseException]] = []
         acts = actions.tolist()
         self.runners = [runners[k] for k in members.tolist()]
         for j, runner in enumerate(self.runners):

@@ -9,10 +9,14 @@ which would make it wait for both. The predictor is called from this thread only
 concurrently: it need not be thread-safe.
 """
 
+from __future__ import annotations
+
 import collections
 import contextlib
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,20 +32,20 @@ class Prediction:
     __slots__ = ('states', 'owner', 'result', 'error', '_done', '_ready')
 
     @property
-    def done(self):
+    def done(self) -> bool:
         return self._done
 
-    def __init__(self, states, owner):
+    def __init__(self, states: np.ndarray, owner: object):
         self.states = states
         self.owner = owner
-        self.result = None
-        self.error = None
+        self.result: Any = None
+        self.error: BaseException | None = None
         self._done = False
         # A held lock as a one-shot wake-up signal: cheaper than an Event on the hot path.
         self._ready = threading.Lock()
         self._ready.acquire()
 
-    def wait(self):
+    def wait(self) -> Any:
         """The Q-values; raises the predictor's error (:class:`PredictorError`, chained) or
         :class:`ManagerClosed`."""
         self._ready.acquire()
@@ -52,7 +56,7 @@ class Prediction:
             raise PredictorError(f"predictor raised: {self.error!r}") from self.error
         return self.result
 
-    def _complete(self, result, error):
+    def _complete(self, result: Any, error: BaseException | None) -> None:
         """Deliver the outcome once (the thread's lock is held)."""
         if not self._done:
             self._done = True
@@ -83,8 +87,9 @@ class InferenceThread:
     is the monotonic time the running call started (None when idle), for a watchdog.
     """
 
-    def __init__(self, predictor, max_batch=32, name='InferenceThread', thread_context=None,
-                 on_done=None, inline_below=2e-4):
+    def __init__(self, predictor: Callable[[np.ndarray], Any], max_batch: int = 32,
+                 name: str = 'InferenceThread', thread_context: Callable[[], Any] | None = None,
+                 on_done: Callable[[], None] | None = None, inline_below: float = 2e-4):
         self.predictor = predictor
         self._on_done = on_done
         self.inline_below = float(inline_below)
@@ -93,18 +98,18 @@ class InferenceThread:
         self.max_batch = check_int(max_batch, 'max_inference_batch', 1)
         self._thread_context = thread_context or contextlib.nullcontext
         self._cond = threading.Condition(threading.Lock())
-        self._queue = collections.deque()
-        self._running = []
+        self._queue: collections.deque[Prediction] = collections.deque()
+        self._running: list[Prediction] = []
         self._closed = False
-        self._failure = None
+        self._failure: BaseException | None = None
         self.calls = 0
         self.rows = 0
         self.max_rows_seen = 0
-        self.busy_since = None
+        self.busy_since: float | None = None
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
 
-    def submit(self, states, owner=None):
+    def submit(self, states: np.ndarray, owner: object = None) -> Prediction:
         """Queue ``states`` for prediction; returns its :class:`Prediction` at once.
 
         Raises :class:`ManagerClosed` after :meth:`close`, :class:`PredictorError` if the
@@ -209,7 +214,7 @@ class InferenceThread:
             return [q]
         return np.split(q, np.cumsum([len(p.states) for p in batch])[:-1])
 
-    def close(self):
+    def close(self) -> None:
         """Fail every waiting submission with :class:`ManagerClosed`, tell the thread to stop.
 
         Idempotent, does not block: join :attr:`thread` to wait. A predictor call in progress

@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from .envs import NO_LIVES, FrameHistory
-from .episodes import EpisodeStart, RestartPoint, make_record
+from .episodes import EpisodeStart, RestartPoint
+from .records import make_record
 
 __all__ = ['LaneEpisodes']
 

@@ -75,7 +75,7 @@ class LaneResets:
         adapter = runner.adapter
         n = runner.num_envs
         if runner.episode_starts is not None and not adapter.is_async:
-            starts = [self._plan(runner, i, lanes[i]) for i in range(n)]
+            starts = [self._plan(runner, i, int(lanes[i])) for i in range(n)]
             options = [s.options for s in starts]
             if any(o != options[0] for o in options[1:]):
                 raise ValueError(f"runner {runner.index}: a vector env resets all its sub-envs with one "
@@ -102,7 +102,7 @@ class LaneResets:
         lanes = self.runner_lanes[k]
         planned = None
         if runner.episode_starts is not None and adapter.controls_resets:
-            planned = {int(i): self._plan(runner, i, lanes[i])
+            planned = {int(i): self._plan(runner, int(i), int(lanes[i]))
                        for i in np.flatnonzero(~self._lanes.open[lanes])}
         if planned:
             plan = {i: (s.seed, s.options) for i, s in planned.items()}

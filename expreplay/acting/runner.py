@@ -17,7 +17,7 @@ import numpy as np
 
 from .._checks import check_bool, check_callable, check_int
 from .envs import EnvAdapter, adapt_env
-from .episodes import EpisodeRecord
+from .records import EpisodeRecord
 from .group import ActingGroup
 
 __all__ = ['EnvRunner', 'MAX_KEPT_GAMES']
@@ -167,6 +167,11 @@ class EnvRunner:
         """The player behind the acting interface (:mod:`expreplay.acting.envs`)."""
         assert self._adapter is not None
         return self._adapter
+
+    @property
+    def group(self) -> ActingGroup | None:
+        """The acting group that steps this runner (None before its first step)."""
+        return self._group
 
     @property
     def rng(self) -> np.random.Generator:

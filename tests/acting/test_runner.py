@@ -458,10 +458,9 @@ def test_staleness_guarantee_holds_in_every_mode(staleness, n_runners, threads):
                     assert k >= staleness, k       # fewer pending than the window: never refused
                     # Let one waiting env step complete, and wait until it is booked.
                     assert entered.acquire(timeout=GUARD)
-                    with mgr._lock:
-                        before = mgr._pending
-                        gate.release()
-                        assert mgr._space.wait_for(lambda: mgr._pending < before, GUARD)
+                    before = mgr.progress()[1]
+                    gate.release()
+                    assert mgr._window.wait_for(lambda: mgr.progress()[1] < before, GUARD)
             # Accepted k: requests 0 .. k - staleness are executed, their steps stored.
             assert mem.num_steps_written >= k - staleness + 1, (k, mem.num_steps_written)
         for _ in range(n):
@@ -491,7 +490,7 @@ def test_manager_merges_the_states_of_threads_waiting_at_once():
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(envs[i], predictor, mem, H, index=i) for i in range(4)]
     with EnvRunnerManager(runners, maximum_staleness=8, simulator_threads=4) as mgr:
-        (holder['it'],) = mgr._batchers.values()
+        (holder['it'],) = mgr._inference_threads.values()
         for _ in range(400):
             mgr.step(0.0)
         mgr.wait_idle(GUARD)
@@ -773,7 +772,7 @@ def test_pipelined_reset_failure_books_every_request(restarts):
     mgr.close()
     # Every request the thread took was booked as finished (queued ones were never taken).
     assert stats['queue_depth'] - stats['queued'] == 0
-    assert all(g._pending is None for g in mgr._groups)     # no step left half begun
+    assert not any(g.in_step for g in mgr._groups)     # no step left half begun
     greedy_ok(envs)
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs, n_batches=3)
@@ -1123,8 +1122,8 @@ def test_a_second_close_waits_for_the_first():
 
     first = threading.Thread(target=close, args=('first', 0.5))
     first.start()
-    with mgr._lock:              # the first close has begun (it notifies when it marks closed)
-        assert mgr._space.wait_for(lambda: mgr._closed, GUARD)
+    # The first close has begun (it notifies when it marks closed).
+    assert mgr._window.wait_for(lambda: mgr._window.closed, GUARD)
     second = threading.Thread(target=close, args=('second', GUARD))
     second.start()
     first.join(GUARD)

@@ -31,6 +31,8 @@ The package's modules: :mod:`.base` (the protocol and the rules for flags and re
 :mod:`.single`, :mod:`.vector` (the adapters), :mod:`.frames`; this module picks the adapter.
 """
 
+from __future__ import annotations
+
 from typing import Any
 
 import numpy as np
@@ -52,14 +54,14 @@ except ImportError:  # pragma: no cover - exercised only without gymnasium
     _gym = None
 
 
-def _is_vector_env(player):
+def _is_vector_env(player: Any) -> bool:
     if _gym is not None and isinstance(player, _gym.vector.VectorEnv):
         return True
     # Other VectorEnv look-alikes (a wrapper that does not subclass it, envpool-style envs).
     return hasattr(player, 'num_envs') and hasattr(player, 'single_action_space')
 
 
-def _is_async_engine(player):
+def _is_async_engine(player: Any) -> bool:
     if not all(callable(getattr(player, m, None)) for m in ('recv', 'send')):
         return False
     flag = getattr(player, 'is_async', None)
@@ -69,7 +71,7 @@ def _is_async_engine(player):
     return batch is not None and batch < int(player.num_envs)
 
 
-def adapt_env(player):
+def adapt_env(player: Any) -> EnvAdapter:
     """The :class:`EnvAdapter` for ``player``; TypeError naming ``player`` if it is no env."""
     if isinstance(player, EnvAdapter):
         return player

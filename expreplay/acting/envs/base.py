@@ -1,6 +1,8 @@
 """The adapters' protocol (:class:`EnvAdapter`), what they return (:class:`Results`), and the
 rules every adapter holds an env's flags and rewards to."""
 
+from __future__ import annotations
+
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,13 +35,13 @@ class Results(NamedTuple):
     started: np.ndarray | None
 
 
-def _started_results(env_ids, obs, lives):
+def _started_results(env_ids: Any, obs: Any, lives: np.ndarray | None) -> Results:
     n = len(env_ids)
     return Results(np.asarray(env_ids, np.int64), obs, np.zeros(n), np.zeros(n, bool),
                    np.zeros(n, bool), lives, np.ones(n, bool))
 
 
-def _flag(value, name):
+def _flag(value: Any, name: str) -> bool:
     """One flag an env returned (``terminated``, ``truncated``, ``done``) as a bool.
 
     The rule (:func:`~expreplay._checks.check_bool`'s, the writers' too): a flag is a bool, a
@@ -52,7 +54,7 @@ def _flag(value, name):
     return check_bool(value, name)
 
 
-def _flags(values, n, name):
+def _flags(values: Any, n: int, name: str) -> np.ndarray:
     """``n`` flags of a vector env as a bool array: the rule of :func:`_flag` for each."""
     arr = np.asarray(values)
     if arr.dtype != np.bool_:
@@ -63,7 +65,7 @@ def _flags(values, n, name):
     return arr.reshape(n)
 
 
-def _reward(value, name='player reward'):
+def _reward(value: Any, name: str = 'player reward') -> float:
     """One reward an env returned: integers are held to the memory's rule (float32 must hold
     them exactly, :func:`expreplay.storage._inputs.check_reward`) before they become floats; floats go
     on to the runner's range check."""
@@ -72,7 +74,7 @@ def _reward(value, name='player reward'):
     return check_reward(value, name)
 
 
-def _rewards(values, n, name='player rewards'):
+def _rewards(values: Any, n: int, name: str = 'player rewards') -> np.ndarray:
     """``n`` rewards of a vector env as float64, integers held to the memory's rule first."""
     arr = np.asarray(values)
     if arr.dtype.kind != 'f':
@@ -80,7 +82,7 @@ def _rewards(values, n, name='player rewards'):
     return arr.astype(np.float64).reshape(n)
 
 
-def _lives_from_info(info):
+def _lives_from_info(info: Any) -> int:
     lives = info.get('lives') if isinstance(info, dict) else None
     return NO_LIVES if lives is None else int(lives)
 
@@ -107,46 +109,48 @@ class EnvAdapter:
     ``restore_state(i, state, prev_action=None)``: emulator snapshots (ALE), for restart points.
     """
 
+    player: Any = None
     num_envs = 1
-    num_actions = None   # from the action space when it is Discrete, else None
+    num_actions: int | None = None   # from the action space when it is Discrete, else None
     controls_resets = True   # False when the env resets finished sub-envs by itself (autoreset)
     is_async = False
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: int | list[int | None] | None = None,
+              options: dict[str, Any] | None = None) -> Results | None:
         raise NotImplementedError
 
-    def step(self, actions):
+    def step(self, actions: np.ndarray) -> Results:
         raise NotImplementedError
 
-    def reset_finished(self, starts=None):
+    def reset_finished(self, starts: dict[int, tuple[Any, Any]] | None = None) -> Results | None:
         return None
 
     @property
-    def can_clone_state(self):
+    def can_clone_state(self) -> bool:
         return False
 
-    def clone_state(self, i, include_rng=False):
+    def clone_state(self, i: int, include_rng: bool = False) -> Any:
         raise NotImplementedError(f"{type(self).__name__} can not clone emulator states")
 
-    def restore_state(self, i, state, prev_action=None):
+    def restore_state(self, i: int, state: Any, prev_action: int | None = None) -> None:
         raise NotImplementedError(f"{type(self).__name__} can not restore emulator states")
 
-    def close(self):
+    def close(self) -> None:
         close = getattr(self.player, 'close', None)
         if callable(close):
             close()
 
 
-def _discrete_n(space):
+def _discrete_n(space: Any) -> int | None:
     n = getattr(space, 'n', None)
     return None if n is None else int(n)
 
 
-def _describe(player):
+def _describe(player: Any) -> str:
     return f"{type(player).__module__}.{type(player).__qualname__}"
 
 
-def _batch_size(player):
+def _batch_size(player: Any) -> int | None:
     batch = getattr(player, 'batch_size', None)
     if batch is None:
         config = getattr(player, 'config', None)     # EnvPool keeps it in its config dict

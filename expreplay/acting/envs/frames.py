@@ -7,10 +7,14 @@ episode, which is what the predictor sees).
 check both).
 """
 
+from __future__ import annotations
+
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ...storage._gather import gather_history
 from ...storage._inputs import as_frame, check_frames
@@ -36,12 +40,12 @@ class FrameFormat:
     :func:`expreplay.storage.memory.as_frame`, so that the runner refuses exactly what the memory would).
     """
 
-    def __init__(self, state_shape, dtype):
+    def __init__(self, state_shape: Sequence[int], dtype: npt.DTypeLike):
         self.state_shape = tuple(state_shape)
         self.dtype = np.dtype(dtype)
         self._squeezed = _squeezed(self.state_shape)
 
-    def __call__(self, obs):
+    def __call__(self, obs: Any) -> np.ndarray:
         """One observation as a frame."""
         arr = np.asarray(obs)
         if arr.shape != self.state_shape and _squeezed(arr.shape) == self._squeezed:
@@ -49,7 +53,7 @@ class FrameFormat:
         return as_frame(arr, self.state_shape, self.dtype, 'player observation').astype(
             self.dtype, copy=False)
 
-    def batch(self, obs, n):
+    def batch(self, obs: Any, n: int) -> np.ndarray:
         """``n`` stacked observations as ``(n, *state_shape)`` frames."""
         arr = np.asarray(obs)
         shape = (n,) + self.state_shape
@@ -61,7 +65,7 @@ class FrameFormat:
             self.dtype, copy=False)
 
 
-def _squeezed(shape):
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(d for d in shape if d != 1)
 
 
@@ -76,7 +80,8 @@ class FrameHistory:
     (cyclically) the older ones, oldest first; rows from before the episode's start are zeros.
     """
 
-    def __init__(self, num_lanes, state_shape, history_len, dtype):
+    def __init__(self, num_lanes: int, state_shape: Sequence[int], history_len: int,
+                 dtype: npt.DTypeLike):
         self.history_len = h = int(history_len)
         self._frames = np.zeros((num_lanes * h,) + tuple(state_shape), dtype)
         self._pos = np.zeros(num_lanes, np.int64)
@@ -84,7 +89,7 @@ class FrameHistory:
         self._ring = np.arange(1, h + 1)
         self._rows = np.zeros((num_lanes, h), np.intp)             # states()' scratch
 
-    def start(self, lanes, frames):
+    def start(self, lanes: npt.ArrayLike, frames: np.ndarray) -> None:
         """Begin a new episode in each of ``lanes`` with its first frame ``frames[j]``."""
         h = self.history_len
         lanes = np.asarray(lanes, np.int64)
@@ -94,7 +99,7 @@ class FrameHistory:
         self._pos[lanes] = 0
         self._frames[rows] = frames
 
-    def push(self, lanes, frames):
+    def push(self, lanes: npt.ArrayLike, frames: np.ndarray) -> None:
         """Append the next frame of each of ``lanes``' episodes."""
         h = self.history_len
         lanes = np.asarray(lanes, np.int64)
@@ -102,14 +107,14 @@ class FrameHistory:
         self._pos[lanes] = pos
         self._frames[self._base[lanes] + pos] = frames
 
-    def latest(self, lane):
+    def latest(self, lane: int) -> np.ndarray:
         """The newest frame of ``lane`` (a view)."""
         return self._frames[lane * self.history_len + self._pos[lane]]
 
-    def states(self, lanes):
+    def states(self, lanes: npt.ArrayLike) -> np.ndarray:
         """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
+        lanes = np.asarray(lanes, np.int64)
         if _acting_ext is not None:
-            lanes = np.asarray(lanes, np.int64)
             rows = self._rows[:len(lanes)]
             _acting_ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
         else:

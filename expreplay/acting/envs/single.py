@@ -1,7 +1,10 @@
 """The adapter of one environment, gymnasium API or old gym API (:class:`SingleEnvAdapter`)."""
 
+from __future__ import annotations
+
 import inspect
 import math
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -24,7 +27,7 @@ class SingleEnvAdapter(EnvAdapter):
 
     num_envs = 1
 
-    def __init__(self, player, api=None):
+    def __init__(self, player: Any, api: str | None = None):
         self.player = player
         self.api = api
         self.num_actions = _discrete_n(getattr(player, 'action_space', None))
@@ -37,16 +40,17 @@ class SingleEnvAdapter(EnvAdapter):
         except (TypeError, ValueError):  # builtins without a signature
             self._reset_takes_seed = False
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: Any = None, options: dict[str, Any] | None = None) -> Results:
         obs, lives = self.reset_one(seed, options)
         return _started_results(_ENV0, obs[None], None if lives == NO_LIVES else np.array([lives]))
 
-    def reset_one(self, seed=None, options=None):
+    def reset_one(self, seed: int | None = None,
+                  options: dict[str, Any] | None = None) -> tuple[np.ndarray, int]:
         """Reset; ``(first observation, lives or NO_LIVES)``."""
         self._done = False
         p = self.player
         if self.api == 'gymnasium' or (self.api is None and self._reset_takes_seed):
-            kwargs = {}
+            kwargs: dict[str, Any] = {}
             if seed is not None:
                 kwargs['seed'] = seed
             if options is not None:
@@ -70,7 +74,7 @@ class SingleEnvAdapter(EnvAdapter):
             return np.asarray(obs), _lives_from_info(info)
         return np.asarray(result), NO_LIVES
 
-    def step_one(self, action):
+    def step_one(self, action: int) -> tuple[Any, float, bool, bool, int]:
         """Step with ``action``: ``(obs, reward, terminated, truncated, lives or NO_LIVES)``."""
         if self._done:
             raise RuntimeError("SingleEnvAdapter.step after the episode ended without a reset")
@@ -94,7 +98,7 @@ class SingleEnvAdapter(EnvAdapter):
         lives = info.get('lives') if info and type(info) is dict else None
         return obs, reward, terminated, truncated, NO_LIVES if lives is None else int(lives)
 
-    def _bad_step_result(self, result):
+    def _bad_step_result(self, result: Any) -> NoReturn:
         if not isinstance(result, tuple) or len(result) not in (4, 5):
             raise TypeError(f"player {_describe(self.player)}: step() returned "
                             f"{type(result).__name__} of length {len(result) if isinstance(result, tuple) else '?'}, "
@@ -102,12 +106,12 @@ class SingleEnvAdapter(EnvAdapter):
         raise TypeError(f"player {_describe(self.player)}: reset() and step() disagree on the API "
                         f"(reset looked {self.api!r}, step returned a {len(result)}-tuple)")
 
-    def step(self, actions):
+    def step(self, actions: Any) -> Results:
         obs, reward, terminated, truncated, lives = self.step_one(int(actions[0]))
         return Results(_ENV0, np.asarray(obs)[None], np.array([float(reward)]), np.array([terminated]),
                        np.array([truncated]), None if lives == NO_LIVES else np.array([lives]), None)
 
-    def reset_finished(self, starts=None):
+    def reset_finished(self, starts: dict[int, tuple[Any, Any]] | None = None) -> Results | None:
         if not self._done:
             return None
         # Without a start: no seed, so the env continues its own random sequence.
@@ -115,22 +119,22 @@ class SingleEnvAdapter(EnvAdapter):
         return self.reset(seed, options)
 
 
-    def _ale(self):
+    def _ale(self) -> Any:
         # Gymnasium's (and old gym's) Atari envs expose their ALEInterface as `unwrapped.ale`.
         ale = getattr(getattr(self.player, 'unwrapped', None), 'ale', None)
         return ale if callable(getattr(ale, 'cloneState', None)) else None
 
     @property
-    def can_clone_state(self):
+    def can_clone_state(self) -> bool:
         return self._ale() is not None
 
-    def clone_state(self, i, include_rng=False):
+    def clone_state(self, i: int, include_rng: bool = False) -> Any:
         ale = self._ale()
         if ale is None:
             return super().clone_state(i, include_rng)
         return ale.cloneState(include_rng=include_rng)
 
-    def restore_state(self, i, state, prev_action=None):
+    def restore_state(self, i: int, state: Any, prev_action: int | None = None) -> None:
         ale = self._ale()
         if ale is None:
             return super().restore_state(i, state, prev_action)
@@ -139,7 +143,7 @@ class SingleEnvAdapter(EnvAdapter):
             self._prime_sticky_action(ale, int(prev_action), sticky)
         ale.restoreState(state)
 
-    def _prime_sticky_action(self, ale, action, sticky):
+    def _prime_sticky_action(self, ale: Any, action: int, sticky: float) -> None:
         """Make ``action`` the one that sticky actions repeat, as it was when the state was saved.
 
         ALE keeps that action outside its saved state (``StellaEnvironment::m_actions``, set to

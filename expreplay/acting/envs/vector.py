@@ -1,8 +1,11 @@
 """The adapters of vector envs: synchronous (:class:`VectorEnvAdapter`, a gymnasium ``VectorEnv``
 in any autoreset mode) and asynchronous (:class:`AsyncVectorAdapter`, ``recv`` / ``send``)."""
 
+from __future__ import annotations
+
 import inspect
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +18,7 @@ __all__ = ['VectorEnvAdapter', 'AsyncVectorAdapter']
 class _VectorBase(EnvAdapter):
     """What the synchronous and asynchronous vector adapters share: spaces, lives, restarts."""
 
-    def __init__(self, player):
+    def __init__(self, player: Any):
         self.player = player
         self.num_envs = int(player.num_envs)
         self.num_actions = _discrete_n(getattr(player, 'single_action_space', None))
@@ -70,7 +73,7 @@ class VectorEnvAdapter(_VectorBase):
     synchronously (``AtariVectorEnv(batch_size < num_envs)``) are refused.
     """
 
-    def __init__(self, player):
+    def __init__(self, player: Any):
         super().__init__(player)
         batch = _batch_size(player)
         if batch is not None and 0 < batch != self.num_envs:
@@ -80,7 +83,7 @@ class VectorEnvAdapter(_VectorBase):
         self.mode = getattr(mode, 'value', mode)
         if self.mode not in ('NextStep', 'SameStep', 'Disabled'):
             raise ValueError(f"player {_describe(player)}: unknown autoreset_mode {mode!r}")
-        self._same_step_resets = None
+        self._same_step_resets: Results | None = None
         self.controls_resets = self.mode == 'Disabled'
         # ale_py's AtariVectorEnv takes seeds as an array over the sub-envs being reset (-1:
         # unseeded); gymnasium's vector envs as a list over all sub-envs (None: unseeded).
@@ -108,7 +111,7 @@ class VectorEnvAdapter(_VectorBase):
             return (obs,) + arrays
         return tuple(np.asarray(a)[order] for a in (obs,) + arrays)
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: Any = None, options: dict[str, Any] | None = None) -> Results | None:
         kwargs = {'seed': self._seed_arg(seed)}
         if options is not None:
             kwargs['options'] = dict(options)   # a copy: vector envs pop keys from it
@@ -118,7 +121,7 @@ class VectorEnvAdapter(_VectorBase):
         self._same_step_resets = None
         return _started_results(self._all, obs, self._lives(info, self.num_envs))
 
-    def step(self, actions):
+    def step(self, actions: np.ndarray) -> Results:
         obs, reward, terminated, truncated, info = self.player.step(np.asarray(actions))
         obs, reward, terminated, truncated = self._in_env_order(obs, info, reward, terminated, truncated)
         if self.mode == 'NextStep':
@@ -142,7 +145,7 @@ class VectorEnvAdapter(_VectorBase):
         return Results(self._all, obs, _rewards(reward, n), terminated,
                        truncated, lives, None)
 
-    def reset_finished(self, starts=None):
+    def reset_finished(self, starts: dict[int, tuple[Any, Any]] | None = None) -> Results | None:
         if self.mode == 'SameStep':
             resets, self._same_step_resets = self._same_step_resets, None
             if resets is not None:
@@ -161,7 +164,7 @@ class VectorEnvAdapter(_VectorBase):
 
     def _reset_masked(self, starts):
         """Reset the ended sub-envs with their own seeds; one reset call per distinct options."""
-        groups = []                       # [(options, [indices])]: options are compared with ==
+        groups: list[tuple[Any, list[int]]] = []   # [(options, [indices])]: options are compared with ==
         for i in np.flatnonzero(self._ended):
             seed, options = starts.get(int(i), (None, None))
             for opts, members in groups:
@@ -205,7 +208,7 @@ class AsyncVectorAdapter(_VectorBase):
     is_async = True
     controls_resets = False
 
-    def __init__(self, player):
+    def __init__(self, player: Any):
         super().__init__(player)
         try:
             params = inspect.signature(player.send).parameters
@@ -215,7 +218,7 @@ class AsyncVectorAdapter(_VectorBase):
 
     _in_flight = 0     # sub-envs sent actions whose results have not been received
 
-    def reset(self, seed=None, options=None):
+    def reset(self, seed: Any = None, options: dict[str, Any] | None = None) -> None:
         if options is not None:
             raise TypeError(f"player {_describe(self.player)} is asynchronous: its resets take no "
                             f"options (got {options!r})")
@@ -238,9 +241,9 @@ class AsyncVectorAdapter(_VectorBase):
         self.player.async_reset()
         self._in_flight = self.num_envs        # every sub-env's first observation is coming
 
-    _first = None
+    _first: tuple[Any, ...] | None = None   # ale-py: the first ready batch, returned by reset()
 
-    def recv(self):
+    def recv(self) -> Results:
         if self._first is not None:
             out, self._first = self._first, None
         else:
@@ -250,7 +253,7 @@ class AsyncVectorAdapter(_VectorBase):
         env_ids = np.asarray(info['env_id'], np.int64)
         return self._next_step_results(env_ids, obs, reward, terminated, truncated, info)
 
-    def send(self, actions, env_ids):
+    def send(self, actions: np.ndarray, env_ids: np.ndarray) -> None:
         if self._send_takes_ids:
             self.player.send(actions, env_ids)
         else:
