@@ -18,7 +18,7 @@ from expreplay.acting.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_en
 from expreplay.acting import EnvRunner, EnvRunnerManager  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from test_runner import RecordingMemory  # noqa: E402
+from acting_helpers import RecordingMemory  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

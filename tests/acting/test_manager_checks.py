@@ -8,7 +8,7 @@ import pytest
 from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
 from expreplay.acting import CallTimeout
 from scripted_env import ScriptedEnv
-from test_runner import MODES, H, StepPredictor, threads_for
+from acting_helpers import MODES, H, StepPredictor, threads_for
 
 
 def runners(n=2):
