@@ -28,6 +28,18 @@ PIPELINED_2 = pytest.param(2, id='pipelined-2-threads')
 MODES = [DEFAULT, PER_RUNNER, PIPELINED_2]
 
 
+def crossed(first, second):
+    """Every pair of two parametrizations (values or ``pytest.param`` s with one value each),
+    as params ``(a, b)``. The not-slow run keeps each value of either paired with the other's
+    first value; the other pairs are marked slow (the full run has them all)."""
+    def as_param(v):
+        return v if hasattr(v, 'values') else pytest.param(v, id=getattr(v, '__name__', str(v)))
+    first, second = [as_param(v) for v in first], [as_param(v) for v in second]
+    return [pytest.param(a.values[0], b.values[0], id=f'{a.id}-{b.id}',
+                         marks=() if i == 0 or j == 0 else pytest.mark.slow)
+            for i, a in enumerate(first) for j, b in enumerate(second)]
+
+
 def threads_for(threads, runners):
     """The simulator_threads argument for a mode of the parametrization above."""
     return len(runners) if threads == 'per-runner' else threads
@@ -158,7 +170,8 @@ class RecordingMemory:
 
 
 # ----------------------------------------------------------------------------- end to end
-@pytest.fixture(params=['C kernels', 'numpy'])
+# The numpy path runs in the full suite (it is what a machine without a compiler runs).
+@pytest.fixture(params=['C kernels', pytest.param('numpy', marks=pytest.mark.slow)])
 def kernels(request, monkeypatch):
     """Run a test with the optional C kernels of the acting path, and with the numpy path
     they are a shortcut for (as on a machine without a compiler)."""

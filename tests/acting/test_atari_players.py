@@ -5,25 +5,38 @@ it would hide recv/send and the runner would then refuse an asynchronous EnvPool
 import os
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
-pytest.importorskip('tensorpack')
-pytest.importorskip('ale_py')
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', '..', 'examples'))
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
-import dqn_atari  # noqa: E402
+from expreplay.acting.envs import adapt_env
 
-from expreplay.acting.envs import adapt_env  # noqa: E402
+# The example imports tensorpack (and so TensorFlow, seconds to load): the module runs in the
+# full suite, and imports it only when its tests run.
+pytestmark = pytest.mark.slow
+EXAMPLES = os.path.join(os.path.dirname(__file__), '..', '..', 'examples')
 
 
-def players(*argv):
-    args = dqn_atari.parse_args(['--env', 'ALE/Pong-v5', *map(str, argv)])
-    return dqn_atari.training_players(args)()
+@pytest.fixture(scope='module')
+def dqn_atari():
+    pytest.importorskip('tensorpack')
+    pytest.importorskip('ale_py')
+    sys.path.insert(0, EXAMPLES)
+    os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+    import dqn_atari
+    return dqn_atari
+
+
+@pytest.fixture
+def players(dqn_atari):
+    def make(*argv):
+        args = dqn_atari.parse_args(['--env', 'ALE/Pong-v5', *map(str, argv)])
+        return dqn_atari.training_players(args)()
+    return make
 
 
 @pytest.mark.parametrize('flags', [['--prioritized'], ['--n-step', 3], []])
-def test_an_asynchronous_envpool_stays_asynchronous_and_clips_rewards(flags):
+def test_an_asynchronous_envpool_stays_asynchronous_and_clips_rewards(flags, players):
     pytest.importorskip('envpool')
     env = players('--envpool', 4, *flags)
     try:
@@ -33,7 +46,7 @@ def test_an_asynchronous_envpool_stays_asynchronous_and_clips_rewards(flags):
         env.close()
 
 
-def test_a_vector_env_clips_rewards_in_the_engine():
+def test_a_vector_env_clips_rewards_in_the_engine(players, dqn_atari):
     env = players('--vector', 2, '--prioritized')
     try:
         assert not isinstance(env, dqn_atari.gym.Wrapper) and not hasattr(env, 'env')
@@ -45,11 +58,11 @@ def test_a_vector_env_clips_rewards_in_the_engine():
         env.close()
 
 
-class BigRewards(dqn_atari.gym.Env):
+class BigRewards(gym.Env):
     """A stand-in single env whose rewards are far outside [-1, 1]."""
 
-    observation_space = dqn_atari.gym.spaces.Box(0, 255, (84, 84), np.uint8)
-    action_space = dqn_atari.gym.spaces.Discrete(2)
+    observation_space = gym.spaces.Box(0, 255, (84, 84), np.uint8)
+    action_space = gym.spaces.Discrete(2)
 
     def reset(self, seed=None, options=None):
         return np.zeros((84, 84), np.uint8), {}
@@ -61,7 +74,7 @@ class BigRewards(dqn_atari.gym.Env):
         pass
 
 
-def test_a_single_env_is_wrapped_in_clip_reward(monkeypatch):
+def test_a_single_env_is_wrapped_in_clip_reward(monkeypatch, players, dqn_atari):
     monkeypatch.setattr(dqn_atari, 'get_player', lambda args, train=False: BigRewards())
     env = players('--prioritized', '--update-frequency', 4)
     env.reset()

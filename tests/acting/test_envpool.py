@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 
-envpool = pytest.importorskip('envpool', reason='EnvPool needs Python >= 3.11 on Linux')
 
 from expreplay import ReplayMemory  # noqa: E402
 from expreplay.acting.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_env  # noqa: E402
@@ -20,10 +19,13 @@ from expreplay.acting import EnvRunner, EnvRunnerManager  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from acting_helpers import RecordingMemory  # noqa: E402
 
-pytestmark = pytest.mark.timeout(120)
+# EnvPool's emulators take seconds to start: the whole module runs in the full suite.
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 
 def make(task='Pong-v5', num_envs=4, batch_size=None, **kw):
+    # Imported here, not at collection: importing EnvPool takes seconds.
+    envpool = pytest.importorskip('envpool', reason='EnvPool needs Python >= 3.11 on Linux')
     kw.setdefault('episodic_life', False)
     kw.setdefault('reward_clip', False)
     return envpool.make(task, env_type='gymnasium', num_envs=num_envs,

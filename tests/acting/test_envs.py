@@ -129,6 +129,7 @@ def test_vector_env_lives_per_sub_env():
     assert ad.step(np.array([0, 0])).lives.tolist() == [2, 2]
 
 
+@pytest.mark.slow
 def test_atari_vector_env_partial_batches_run_asynchronously():
     """AtariVectorEnv(batch_size < num_envs) is driven with its own send/recv: every step of
     every sub-env is stored, truncations included, and the memory samples what was stored."""

@@ -153,6 +153,7 @@ def test_default_records_keep_the_old_seeding():
     assert runner.start_counts() == {'reset': len(records) + 1}
 
 
+@pytest.mark.slow
 def test_ale_runs_with_the_same_base_seed_play_the_same_games():
     """Breakout with sticky actions: what happens depends on the seeds the runners reset with.
 
@@ -375,6 +376,7 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow
 def test_records_survive_a_killed_process(tmp_path):
     path = str(tmp_path / EPISODE_LOG_FILENAME)
     script = CHILD.format(tests=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), path=path)
@@ -479,6 +481,7 @@ class LaneLog:
     (0.25, True, True),     # sticky actions: the cloned RNG replays their draws too
     (0.25, False, False),   # sticky actions, RNG not cloned: the restart diverges (measured)
 ])
+@pytest.mark.slow
 def test_restart_on_pong_replays_the_original_trajectory(sticky, include_rng, same):
     steps, every = 120, 40
 
@@ -544,6 +547,7 @@ def test_restart_on_pong_replays_the_original_trajectory(sticky, include_rng, sa
     assert len(set(orig['actions'])) > 1           # not a trivial constant-action replay
 
 
+@pytest.mark.slow
 def test_restart_pool_on_a_threaded_breakout_run():
     """Several runners share one pool; restarts are recorded and scored from the restart point."""
     def player():
@@ -611,6 +615,7 @@ def test_stream_writes_the_episode_log_and_counts_totals(tmp_path):
                      runner_kwargs={'episode_starts': FixedSeed(2)})
 
 
+@pytest.mark.slow
 def test_expreplay_logs_episodes_next_to_tensorpack_logs(tmp_path):
     # Imported here: it loads TensorFlow, which the other tests of this file do not need.
     from test_tensorpack_io import EnvFactory, TinyDQN, make_expreplay, simple_config, train

@@ -10,7 +10,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay import ReplayMemory
 from expreplay.acting import EnvRunner, EnvRunnerManager, InferenceThread
-from acting_helpers import (DEFAULT, GUARD, H, MODES, PER_RUNNER, PIPELINED_1, StepPredictor,
+from acting_helpers import (DEFAULT, GUARD, crossed, H, MODES, PER_RUNNER, PIPELINED_1, StepPredictor,
                             assert_all_stored, assert_scores, greedy_ok, sample_and_check, threads_for)
 from acting_helpers import kernels, no_thread_left_behind  # noqa: F401 (fixtures)
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode
@@ -18,8 +18,7 @@ from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode
 pytestmark = pytest.mark.timeout(60)
 
 
-@pytest.mark.parametrize('threads', MODES)
-@pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
+@pytest.mark.parametrize('env_cls,threads', crossed([ScriptedEnv, OldApiScriptedEnv], MODES))
 def test_threads_end_to_end_every_sampled_transition(env_cls, threads, kernels):
     envs = {i: env_cls(i, episode_lengths=(5, 3, 8, 13), ends=('terminated', 'truncated', 'truncated'))
             for i in range(3)}
@@ -65,9 +64,9 @@ def test_single_runner_runs_inline_without_threads():
     assert_all_stored({0: env}, mem)
 
 
-@pytest.mark.parametrize('threads', [DEFAULT, PER_RUNNER, PIPELINED_1])
-@pytest.mark.parametrize('mode', [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP,
-                                  AutoresetMode.DISABLED])
+@pytest.mark.parametrize('mode,threads', crossed(
+    [AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP, AutoresetMode.DISABLED],
+    [DEFAULT, PER_RUNNER, PIPELINED_1]))
 def test_vector_env_runners_end_to_end(mode, threads, kernels):
     envs = {}
 
@@ -169,6 +168,7 @@ def test_manager_merges_the_states_of_threads_waiting_at_once():
     sample_and_check(mem, envs)
 
 
+@pytest.mark.slow
 def test_pipelined_thread_steps_one_group_while_the_other_is_predicted():
     """One simulator thread, four single-env runners (two groups of two): a group's forward
     pass runs while the other group's envs step. Each predictor call waits (up to a second)

@@ -16,6 +16,7 @@ from scripted_env import ScriptedEnv, check_batch, encode
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.mark.slow
 def test_atari_vector_env_next_step_autoreset_smoke():
     from ale_py.vector_env import AtariVectorEnv
 
@@ -77,6 +78,7 @@ def test_atari_vector_env_next_step_autoreset_smoke():
     assert comb.shape == (32, 84, 84, 5) and not over.any()
 
 
+@pytest.mark.slow
 def test_life_loss_is_terminal_for_training_only_on_breakout():
     class Watch(gym.Wrapper):
         def __init__(self, env):
@@ -276,7 +278,7 @@ def test_finished_game_records_are_bounded_when_never_read(monkeypatch):
     import expreplay.acting.runner
     monkeypatch.setattr(expreplay.acting.runner, 'MAX_KEPT_GAMES', 100)
     runner = EnvRunner(ScriptedEnv(0, episode_lengths=1), None, ReplayMemory(200, (6,), H), H)
-    for _ in range(1000):      # 500 games of one step (a reset between each)
+    for _ in range(500):       # 250 games of one step (a reset between each)
         runner.step(1.0)
     assert 50 <= len(runner.total_scores) <= 100 and 50 <= len(runner.pop_games()) <= 100
     runner.close()
