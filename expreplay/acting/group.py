@@ -217,8 +217,8 @@ class ActingGroup:
         """One ``step`` call per single-env runner; True when the steps were stored in the
         common case (no failure, no episode end), so that nothing else is due."""
         assert self._singles is not None
-        steps = self._singles.step(members, actions)
-        if not steps.failed and steps.storable and self._lanes.store_fast(members, actions, *steps.rows()):
+        steps = self._singles
+        if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows()):
             for r in steps.runners:
                 r.steps += 1
             return not self._lanes.has_records
@@ -335,8 +335,9 @@ class _SingleSteps:
         self.failed: list[tuple[int, BaseException]] = []
         self.runners: list[Any] = []
 
-    def step(self, members: np.ndarray, actions: np.ndarray) -> _SingleSteps:
-        """Step runner ``members[j]`` with ``actions[j]``; ``failed`` lists ``(j, error)``."""
+    def step(self, members: np.ndarray, actions: np.ndarray) -> bool:
+        """Step runner ``members[j]`` with ``actions[j]``; ``failed`` lists ``(j, error)``.
+        True when every env stepped and returned what the memory can store without a check."""
         obs_buf, rew, term, trunc, lives = self._obs, self._reward, self._term, self._trunc, self._lives
         fmt = self._format
         shape, dtype = fmt.state_shape, fmt.dtype
@@ -352,14 +353,10 @@ class _SingleSteps:
                 obs_buf[j] = obs
             except Exception as err:
                 failed.append((j, err))
-        self.m = len(members)
+        self.m = m = len(members)
         self.failed = failed
-        return self
-
-    @property
-    def storable(self) -> bool:
-        """No observation holds NaN or inf (float frames only can)."""
-        return self._format.dtype.kind != 'f' or bool(np.isfinite(self._obs[:self.m]).all())
+        # Only float frames can hold NaN or inf.
+        return not failed and (dtype.kind != 'f' or bool(np.isfinite(obs_buf[:m]).all()))
 
     def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(frames, rewards, terminated, truncated, lives)`` of this step's members (sliced

@@ -135,14 +135,13 @@ class EnvRunner:
         self._stats_lock = threading.Lock()
         self.episodes_started: dict[str, int] = {}   # per start kind; see start_counts()
         self._closed = False
-        self._adapter: EnvAdapter | None = None
-        self.num_envs = 0
-        self._attach(player)
+        self.num_envs = 0             # set with the player, by _attach
+        self._attach(player, first=True)
         self._group: ActingGroup | None = None       # the ActingGroup that steps this runner
 
-    def _attach(self, player: Any) -> None:
+    def _attach(self, player: Any, first: bool = False) -> None:
         adapter = adapt_env(player)
-        if self._adapter is not None and adapter.num_envs != self.num_envs:
+        if not first and adapter.num_envs != self.num_envs:
             raise ValueError(f"player_factory built a player with {adapter.num_envs} sub-envs, "
                              f"the runner was built for {self.num_envs}")
         n_act = self._num_actions_arg if self._num_actions_arg is not None else adapter.num_actions
@@ -154,19 +153,15 @@ class EnvRunner:
                             f"player {type(player).__name__} can not do (a single gymnasium ALE env "
                             "with `unwrapped.ale` can)")
         self.player = player
-        self._adapter = adapter
+        # The player behind the acting interface (expreplay.acting.envs); read on every step,
+        # hence an attribute, replaced only here.
+        self.adapter: EnvAdapter = adapter
         self.num_envs = adapter.num_envs
         self.num_actions = int(n_act)
         self.needs_reset = True       # the next step starts by resetting the env
 
     def __repr__(self) -> str:
         return f"EnvRunner(index={self.index}, player={type(self.player).__name__}, num_envs={self.num_envs})"
-
-    @property
-    def adapter(self) -> EnvAdapter:
-        """The player behind the acting interface (:mod:`expreplay.acting.envs`)."""
-        assert self._adapter is not None
-        return self._adapter
 
     @property
     def group(self) -> ActingGroup | None:
