@@ -117,7 +117,7 @@ class Ours:
     """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
 
     def __init__(self, players, predictor, args, variant=None):
-        from expreplay import ReplayStream
+        from expreplay import Population, ReplayMemory, ReplayStream, Sampling
         settings = dict(prefetch=args.prefetch, maximum_staleness=args.staleness,
                         simulator_threads=args.simulator_threads)
         self.label = 'expreplay'
@@ -125,12 +125,15 @@ class Ours:
             name, value = variant.split('=')
             settings[name] = int(value)
             self.label = f'expreplay[{variant}]'
-        kwargs = {k: v for k, v in settings.items() if v is not None and k != 'simulator_threads'}
-        if settings['simulator_threads'] is not None:
-            kwargs['manager_kwargs'] = {'simulator_threads': settings['simulator_threads']}
-        self.stream = ReplayStream(predictor, pong, players, FRAME, BATCH, args.memory_size,
-                                   args.init_memory_size, UPDATE_FREQUENCY, HISTORY,
-                                   progress=False, seed=0, **kwargs)
+        manager = ({} if settings['simulator_threads'] is None
+                   else {'simulator_threads': settings['simulator_threads']})
+        prefetch = {} if settings['prefetch'] is None else {'prefetch': settings['prefetch']}
+        self.stream = ReplayStream(
+            ReplayMemory(args.memory_size, FRAME, HISTORY),
+            Population(pong, players, predictor, maximum_staleness=settings['maximum_staleness'],
+                       seed=0, manager_kwargs=manager),
+            Sampling(BATCH, UPDATE_FREQUENCY, seed=0), args.init_memory_size, progress=False,
+            **prefetch)
         self.stream.start()
         self.stream.exploration = 0.1
         self.batches = iter(self.stream)

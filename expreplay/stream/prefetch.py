@@ -23,6 +23,7 @@ import collections
 import contextlib
 import threading
 import time
+from typing import Any
 
 from .._checks import check_int
 
@@ -54,7 +55,7 @@ class Prefetcher:
         self.depth = check_int(depth, 'depth', 1)
         self._produce = produce
         self._thread_context = thread_context or contextlib.nullcontext
-        self._items = collections.deque()
+        self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._stopped = False
         self._error = None

@@ -456,7 +456,8 @@ def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
     """Whole-float sizes (DQN.py's 1e6) are accepted; other bad values are refused by name."""
     factory = EnvFactory(episode_lengths=(50,))
     replay = make_expreplay(factory, memory_size=1e4, init_memory_size=1e3, batch_size=16.0)
-    assert (replay.stream.memory_size, replay.stream.init_memory_size) == (10_000, 1000)
+    assert (replay.memory_size, replay.init_memory_size) == (10_000, 1000)
+    assert replay.stream.memory.max_size == 10_000 and replay.stream.init_memory_size == 1000
     bad = [(dict(memory_size=float('inf')), ValueError, 'memory_size'),
            (dict(batch_size=True), TypeError, 'batch_size'),
            (dict(seed='abc'), TypeError, 'seed'),
@@ -468,3 +469,21 @@ def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
     for kwargs, error, match in bad:
         with pytest.raises(error, match=match):
             make_expreplay(factory, **kwargs)
+
+
+def test_a_float_env_with_the_default_state_dtype_is_refused_at_construction():
+    """DQN.py's arguments with CartPole: its float observations do not fit the default uint8
+    frames. Refused when ExpReplay is built, naming state_dtype and the fix."""
+    import gymnasium as gym
+    made = []
+
+    def cartpole():
+        made.append(gym.make('CartPole-v1'))
+        return made[-1]
+
+    with pytest.raises(ValueError, match=r"float32.*state_dtype='uint8'.*pass state_dtype='float32'"):
+        make_expreplay(cartpole, state_shape=(4,))
+    with pytest.raises(ValueError, match=r"shape \(4,\).*state_shape=\(6,\).*state_shape=\(4,\)"):
+        make_expreplay(cartpole, state_shape=(6,), state_dtype='float32')
+    replay = make_expreplay(cartpole, state_shape=(4,), state_dtype='float32')
+    assert len(made) == 3 and replay.state_dtype == np.float32   # one player built per check

@@ -117,7 +117,7 @@ def test_samples_per_insert_keeps_the_ratio(players, spi, prefetch):
     (dict(gamma=0.0), ValueError, 'gamma'),
     (dict(beta=1.5), ValueError, 'beta'),
     (dict(prioritized=True, alpha=2.0), ValueError, 'alpha'),
-    (dict(memory=ReplayMemory(600, (6,), HISTORY), prioritized=True), ValueError, 'prioritized'),
+    (dict(prioritized='yes'), TypeError, 'prioritized'),
 ])
 def test_bad_rainbow_arguments(kwargs, error, name):
     with pytest.raises(error, match=name):
