@@ -19,7 +19,7 @@ import numbers
 import os
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Literal
 
 from ._extras import extra_import_error
@@ -79,7 +79,7 @@ class _ToTensorpackLog(logging.Handler):
     log, where a tensorpack user looks; not when the application set up logging itself (the
     root logger has handlers), which then shows them as it chose."""
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         if not logging.getLogger().handlers:
             logging.getLogger('tensorpack').handle(record)
 
@@ -268,28 +268,28 @@ class ExpReplay(DataFlow, Callback):
 
     # The reference's attribute names, kept for scripts that read them.
     @property
-    def mem(self):
+    def mem(self) -> ReplayMemory:
         """The :class:`~expreplay.ReplayMemory`."""
         return self.stream.memory
 
     @property
-    def exploration(self):
+    def exploration(self) -> float:
         """Epsilon of the epsilon-greedy runners; assigning it reaches them at their next step."""
         return self.stream.exploration
 
     @exploration.setter
-    def exploration(self, value):
+    def exploration(self, value: float) -> None:
         self.stream.exploration = float(value)
 
     @property
-    def predictor(self):
+    def predictor(self) -> Callable[..., Any] | None:
         return self.stream.predictor
 
     @predictor.setter
-    def predictor(self, predictor):
+    def predictor(self, predictor: Callable[..., Any] | None) -> None:
         self.stream.set_predictor(predictor)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # Read-only access to the constructor arguments (batch_size, history_len, ...), as the
         # reference stores them all as attributes. Only called when normal lookup fails.
         where = _REFERENCE_ATTRIBUTES.get(name)
@@ -300,7 +300,7 @@ class ExpReplay(DataFlow, Callback):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ DataFlow
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         # Runs in tensorpack's EnqueueThread, which starts before _before_train: wait for the fill.
         if not self.stream.wait_ready():
             raise DataFlowTerminated()
@@ -319,7 +319,7 @@ class ExpReplay(DataFlow, Callback):
         # The stream ends only when it is closed: tell the EnqueueThread to exit quietly.
         raise DataFlowTerminated()
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise NotImplementedError("ExpReplay yields batches forever")
 
     # ------------------------------------------------------------------ Callback
@@ -363,11 +363,11 @@ class ExpReplay(DataFlow, Callback):
                 # input queue as if the data had run out. Say why.
                 logger.error("ExpReplay: training stopped because the replay failed: %r", self._fault)
 
-    def save_memory(self):
+    def save_memory(self) -> None:
         """Save the memory to ``checkpoint_dir`` now."""
         self.stream.save_memory()
 
-    def update_priorities(self, indices, priorities):
+    def update_priorities(self, indices: Any, priorities: Any) -> int:
         """New priorities for a batch's ``indices`` (see :meth:`ReplayStream.update_priorities`);
         :class:`PriorityFeedback` in ``examples/dqn_model.py`` calls it after every step."""
         return self.stream.update_priorities(indices, priorities)

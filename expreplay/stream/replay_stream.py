@@ -284,7 +284,7 @@ class ReplayStream:
                 # The prefetch thread does the env calls itself: let it finish the one it is
                 # in before the runner is closed under it.
                 prefetcher.join(timeout)
-        error = None
+        error: BaseException | None = None
         try:
             population.close()
         except Exception as err:   # re-raised below, once the memory is safe
