@@ -203,7 +203,8 @@ class Population:
         """Seconds :meth:`close` waits for the threads (the manager's ``close_timeout``)."""
         if self.manager is not None:
             return self.manager.close_timeout
-        return float(self._manager_kwargs.get('close_timeout', 5.0))
+        default = inspect.signature(EnvRunnerManager).parameters['close_timeout'].default
+        return float(self._manager_kwargs.get('close_timeout', default))
 
     # ------------------------------------------------------------------ checks and start
     def check_fits(self, state_shape: tuple[int, ...], dtype: np.dtype, *,

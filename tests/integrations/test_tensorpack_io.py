@@ -189,7 +189,11 @@ def stderr_clean(capfd):
 
 
 # ------------------------------------------------------------------------------- tests
-@pytest.mark.parametrize('prefetch', [0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+# prefetch=0 is the stream's own path (tests/stream run it); under a trainer it runs slow only.
+PREFETCH = [pytest.param(0, marks=pytest.mark.slow), DEFAULT_PREFETCH]
+
+
+@pytest.mark.parametrize('prefetch', PREFETCH, ids=['prefetch-off', 'prefetch-on'])
 @pytest.mark.parametrize('data,threads', [(QueueInput, None), (FeedInput, None), (QueueInput, 1)],
                          ids=['QueueInput', 'FeedInput', 'QueueInput-pipelined'])
 def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, data, threads, prefetch):
@@ -233,6 +237,7 @@ def test_exploration_schedule_reaches_the_runners(tmp_path, stderr_clean):
     assert errors == [] and threads == []
 
 
+@pytest.mark.slow    # two trainings and three checkpoints: ~10 s
 def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, monkeypatch):
     ckpt = tmp_path / 'replay'
     # As in a script that did not set up logging (pytest puts its capture handlers on the root
@@ -268,7 +273,7 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, m
         make_expreplay(EnvFactory(), state_shape=(7,), checkpoint_dir=str(ckpt))
 
 
-@pytest.mark.parametrize('prefetch', [0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+@pytest.mark.parametrize('prefetch', PREFETCH, ids=['prefetch-off', 'prefetch-on'])
 def test_a_simulator_fault_fails_the_training(tmp_path, monkeypatch, prefetch):
     # tensorpack 0.11 logs the failure with a malformed format string ("Training failed at
     # global_step=", step); pytest >= 9.2's log capture turns that logging error into a
@@ -384,7 +389,8 @@ def dqn_py_get_config(model, get_player):
     ), expreplay
 
 
-@pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv], ids=['gymnasium', 'old_gym'])
+@pytest.mark.parametrize('env_cls', [ScriptedEnv, pytest.param(OldApiScriptedEnv, marks=pytest.mark.slow)],
+                         ids=['gymnasium', 'old_gym'])
 def test_dqn_py_config_trains(tmp_path, env_cls, stderr_clean):
     factory = EnvFactory(env_cls, obs_shape=IMAGE_SIZE, episode_lengths=(10, 6))
     built = {}
@@ -404,6 +410,7 @@ def test_dqn_py_config_trains(tmp_path, env_cls, stderr_clean):
 
 
 # ------------------------------------------------------------------------------- TF set-up
+@pytest.mark.slow    # a fresh interpreter importing TensorFlow: ~20 s
 def test_import_sets_legacy_keras_before_tensorflow():
     """End to end in a fresh interpreter: `import expreplay` leaves TensorFlow alone, touching
     ExpReplay sets TF_USE_LEGACY_KERAS=1 before TensorFlow loads, and tf.layers works."""

@@ -504,9 +504,12 @@ PLAYERS = {
     'envpool-async': (lambda: _envpool(2), dict(num_parallel_players=1, state_shape=(84, 84),
                                                 num_actions=6, seed=None)),
 }
+# Pong's emulator makes these 3-8 s each; the scripted players check the same rule fast.
+SLOW_PLAYERS = ('envpool-sync', 'envpool-async')
 
 
-@pytest.mark.parametrize('player', sorted(PLAYERS))
+@pytest.mark.parametrize('player', [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PLAYERS
+                                    else p for p in sorted(PLAYERS)])
 @pytest.mark.parametrize('schedule', ['update_frequency', 'samples_per_insert'])
 def test_measured_ratio_is_the_asked_one_for_every_player(player, schedule, prefetch):
     """16 sampled transitions per inserted one (batch 16, update_frequency 4), counted in the

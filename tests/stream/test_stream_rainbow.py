@@ -79,7 +79,9 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch)
     assert our_threads() == []
 
 
-@pytest.mark.parametrize('players,spi', [(1, 4.0), (3, 2.0), (2, 0.5)])
+@pytest.mark.parametrize('players,spi', [(1, 4.0), (3, 2.0),
+                                         # 2 inserts per sample: 4800 steps, ~3 s
+                                         pytest.param(2, 0.5, marks=pytest.mark.slow)])
 def test_samples_per_insert_keeps_the_ratio(players, spi, prefetch):
     factory = EnvFactory()
     stream, memory = draw_logged_stream(factory, num_parallel_players=players,
