@@ -141,10 +141,15 @@ class Ours:
                         simulator_threads=args.simulator_threads)
         self.label = 'expreplay'
         get_player = pong
+        self.switch_interval = None
         if variant:
             name, value = variant.split('=')
             settings[name] = int(value)
             self.label = f'expreplay[{variant}]'
+        if settings.get('switch_us'):
+            # ``switch_us=N``: sys.setswitchinterval(N microseconds) while this one is measured
+            self.switch_interval = settings.pop('switch_us') * 1e-6
+        settings.pop('switch_us', None)
         if settings.pop('vector', None):
             # ``vector=K``: the same number of envs as K vector players (ale-py's AtariVectorEnv)
             k = int(value)
@@ -202,14 +207,20 @@ def measure(contestant, warmup, seconds):
     seconds of the same. The CPU is the whole process's (every thread; the other
     contestant's threads are idle meanwhile, their queues full): what one update costs the
     machine, less sensitive to other processes' load than the rate."""
-    deadline = time.perf_counter() + warmup
-    while time.perf_counter() < deadline:
-        learner(contestant.next())
-    n, t0, c0 = 0, time.perf_counter(), time.process_time()
-    deadline = t0 + seconds
-    while time.perf_counter() < deadline:
-        learner(contestant.next())
-        n += 1
+    default_interval = sys.getswitchinterval()
+    if getattr(contestant, 'switch_interval', None):
+        sys.setswitchinterval(contestant.switch_interval)
+    try:
+        deadline = time.perf_counter() + warmup
+        while time.perf_counter() < deadline:
+            learner(contestant.next())
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            learner(contestant.next())
+            n += 1
+    finally:
+        sys.setswitchinterval(default_interval)
     return n / (time.perf_counter() - t0), (time.process_time() - c0) / max(n, 1) * 1e3
 
 
@@ -389,7 +400,8 @@ def main():
                     "changed: prefetch=N, maximum_staleness=N, simulator_threads=N, or vector=K (the "
                     "case's envs as K players of ale-py's AtariVectorEnv, which steps and "
                     "preprocesses them in C++ threads outside the GIL), or async=K (one "
-                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time)")
+                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), or "
+                    "switch_us=N (sys.setswitchinterval of N microseconds while it is measured)")
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")
     ap.add_argument('--ceiling', action='store_true', help="also measure the machine's ceiling")
