@@ -131,6 +131,16 @@ class OldGymPong:
         return obs, reward, terminated or truncated, info
 
 
+def subprocess_pong(num_envs):
+    """A ``get_player`` for gymnasium's ``AsyncVectorEnv`` of ``num_envs`` :func:`pong` envs,
+    each in a worker process."""
+    import gymnasium as gym
+
+    def make():
+        return gym.vector.AsyncVectorEnv([pong] * num_envs, shared_memory=True)
+    return make
+
+
 # ---------------------------------------------------------------------------- contestants
 class Ours:
     """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
@@ -157,6 +167,11 @@ class Ours:
             # ``async=K``: one asynchronous AtariVectorEnv of the case's envs, each receive
             # returning the 1/K of them that are ready first
             get_player, players = vector_pong(players, players // settings['async']), 1
+        if settings.get('subproc'):
+            # ``subproc=K``: the case's envs as K players of gymnasium's AsyncVectorEnv, each
+            # sub-env in a process of its own (its steps hold that process's GIL, not ours)
+            k = settings['subproc']
+            get_player, players = subprocess_pong(players // k), k
         manager = ({} if settings['simulator_threads'] is None
                    else {'simulator_threads': settings['simulator_threads']})
         prefetch = {} if settings['prefetch'] is None else {'prefetch': settings['prefetch']}
@@ -320,6 +335,9 @@ def run_case(args):
         out['ceiling'] = dict(env_ms=env_ms, gil_free_share=free, sample_ms=sample_ms,
                               cores=os.cpu_count())
     print(json.dumps(out), flush=True)
+    for c in contestants[1:]:
+        if isinstance(c, Ours):
+            c.stream.close(save=False)     # subprocess players end their workers
     os._exit(0)      # the original's threads never stop
 
 
@@ -403,7 +421,8 @@ def main():
                     "changed: prefetch=N, maximum_staleness=N, simulator_threads=N, or vector=K (the "
                     "case's envs as K players of ale-py's AtariVectorEnv, which steps and "
                     "preprocesses them in C++ threads outside the GIL), or async=K (one "
-                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), or "
+                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), subproc=K "
+                    "(K players of gymnasium's AsyncVectorEnv, a process per env), or "
                     "switch_us=N (sys.setswitchinterval of N microseconds while it is measured)")
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")
