@@ -29,7 +29,7 @@ logger = logging.getLogger('expreplay.storage.memory')
 _TEMP_TAG = '.tmp-'
 
 _live_lock = threading.Lock()
-_live_temps = set()        # temporary files this process is writing now
+_live_temps: set[str] = set()        # temporary files this process is writing now
 _temp_counter = [0]
 
 

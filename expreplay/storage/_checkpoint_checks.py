@@ -122,6 +122,7 @@ def _validate_slot_flags(ring: BlockRing, fail: Fail) -> None:
 def _validate_priorities(ring: BlockRing, fail: Fail) -> None:
     """A prioritized ring's tree: exactly the VALID slots, within the bound."""
     flags, prio = ring.flags[:ring.num_slots], ring.priorities
+    assert prio is not None
     # Exactly the valid slots are in the tree (written slots only were loaded; the
     # others are zeros), with finite positive values: the draw relies on both.
     leaves = prio.tree.leaves

@@ -166,11 +166,20 @@ def _tables_to_write(ring):
     return out
 
 
-def save(mem: ReplayMemory, path: str) -> tuple[int, float]:
-    """Write ``mem`` to ``path`` (write aside, lock, fsync, rename). Caller holds the ring's lock.
+def save(mem: ReplayMemory, path: str) -> int:
+    """Write ``mem`` to ``path`` (:meth:`ReplayMemory.save`) under its ring's lock, and log it.
+    Returns the file's size in bytes."""
+    with mem.ring.lock:
+        transitions = mem.ring.num_valid
+        size, seconds = _save(mem, path)
+    logger.info("Saved the replay memory (%d transitions) to %s: %s in %.2f s.",
+                transitions, path, format_bytes(size), seconds)
+    return size
 
-    Returns (size in bytes, seconds).
-    """
+
+def _save(mem, path):
+    """Write ``mem`` to ``path`` (write aside, lock, fsync, rename). Caller holds the ring's
+    lock. Returns (size in bytes, seconds)."""
     start = time.monotonic()
     ring = mem.ring
     if ring.priorities is not None:

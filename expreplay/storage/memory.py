@@ -16,8 +16,6 @@ The public names of the writers and the input rules are re-exported here.
 
 from __future__ import annotations
 
-import logging
-import math
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -34,14 +32,13 @@ from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_acti
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
 from .ring import BlockRing
-from .sampling import SampleBatch, Sampler, check_out
+from .sampling import SampleBatch, Sampler
 from .stored_episodes import StoredEpisodes
 from .writers import BatchWriter, LaneWriter, TensorpackAppender
 
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
            'check_frames', 'check_rewards', 'check_actions', 'check_flags']
 
-logger = logging.getLogger(__name__)
 
 
 class Experience(NamedTuple):
@@ -118,19 +115,11 @@ class ReplayMemory:
         self.num_blocks = max(2, -(-self.max_size // self.block_size))
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots          # the index of the all-zeros slot (I7)
-        frame_bytes = int(np.prod(self.state_shape)) * self.dtype.itemsize
-        per_step = (frame_bytes + 13 + sum(d.itemsize for d in extra.values())
-                    + (17 if prioritized else 0))     # the class docstring's memory use
-        check_allocatable(
-            (self.num_slots + 1) * per_step,
-            f"ReplayMemory(max_size={self.max_size}) of {self.state_shape} {self.dtype} frames",
-            f"each step takes {per_step} bytes: choose a smaller max_size")
-        #: The slot and block tables (:class:`~expreplay.storage.ring.BlockRing`), which the
-        #: writers, the sampler and the checkpoint code share.
+        _check_allocatable(self, extra, prioritized)
+        # The slot and block tables, shared by the writers, the sampler and the checkpoints.
         self.ring = BlockRing(self.num_blocks, self.block_size, self.history_len,
                               self.state_shape, self.dtype, extra,
                               (alpha, priority_eps) if prioritized else None)
-        #: Draws transitions from the ring and builds the batches (:class:`~expreplay.storage.sampling.Sampler`).
         self.sampler = Sampler(self.ring)
         # Tables that tests of other packages read by these names (the ring owns them).
         self._frames, self._reward = self.ring.frames, self.ring.reward
@@ -212,13 +201,12 @@ class ReplayMemory:
             ValueError: fewer than ``batch_size`` valid transitions are stored, or ``out`` does
                 not fit the batch.
         """
-        batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        size: int = check_int(batch_size, 'batch_size', 1, allow_float=True)
         check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         rng = self._rng if rng is None else check_rng(rng, 'rng')
         if out is not None:
-            shape = self.sampler.state_shape(batch_size, self.history_len + 1, layout)
-            check_out(out, {0: shape}, 'sample_batch')
-        return self.sampler.comb_batch(batch_size, rng, layout, out)
+            self.sampler.check_out(out, size, layout, 'sample_batch')
+        return self.sampler.comb_batch(size, rng, layout, out)
 
     def sample(self, batch_size: int | float, *, n_step: int = 1, gamma: float = 0.99,
                beta: float | None = None, layout: str = 'NHWC', rng: Any = None,
@@ -256,7 +244,7 @@ class ReplayMemory:
                 than ``batch_size`` valid transitions.
             TypeError: ``rng`` is not a numpy generator.
         """
-        batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        size: int = check_int(batch_size, 'batch_size', 1, allow_float=True)
         n_step = check_int(n_step, 'n_step', 1)
         gamma = check_real(gamma, 'gamma')
         if not 0.0 < gamma <= 1.0:
@@ -266,13 +254,8 @@ class ReplayMemory:
         check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         rng = self._rng if rng is None else check_rng(rng, 'rng')
         if out is not None:
-            if not isinstance(out, SampleBatch):
-                raise TypeError(f"out must be a SampleBatch from sample(), got {type(out).__name__}")
-            shape = self.sampler.state_shape(batch_size, self.history_len, layout)
-            check_out(out, {0: shape, 3: shape}, 'sample')
-            if set(out.extras) != set(self.ring.extras):
-                raise ValueError("out: its extras are not this memory's extra fields")
-        return self.sampler.n_step_batch(batch_size, n_step, gamma, beta, layout, rng, out)
+            self.sampler.check_out(out, size, layout, 'sample')
+        return self.sampler.n_step_batch(size, n_step, gamma, beta, layout, rng, out)
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Give sampled transitions new priorities (the learner's |TD error|, >= 0).
@@ -289,26 +272,11 @@ class ReplayMemory:
                 (:meth:`~expreplay.storage.priority.PriorityIndex.check_priorities`: about
                 ``(1.8e308 / (2 * slots)) ** (1 / alpha)``). Nothing is changed then.
         """
-        prio = self.ring.priorities
-        if prio is None:
+        if self.ring.priorities is None:
             raise ValueError("update_priorities needs a prioritized memory "
                              "(ReplayMemory(..., prioritized=True))")
-        indices, priorities = np.asarray(indices), np.asarray(priorities)
-        if indices.ndim != 1 or (indices.size and indices.dtype.kind not in 'iu'):
-            raise ValueError(f"indices must be a 1-D integer array, got {indices.dtype} "
-                             f"{indices.shape}")
-        if priorities.dtype.kind not in 'iuf' or priorities.shape != indices.shape:
-            raise ValueError(f"priorities must be a real array of the indices' shape "
-                             f"{indices.shape}, got {priorities.dtype} {priorities.shape}")
-        priorities = priorities.astype(np.float64)
-        # min >= 0 is False for NaN too; max finite rules out +inf.
-        if priorities.size and not (priorities.min() >= 0 and math.isfinite(priorities.max())):
-            raise ValueError("priorities must be finite and >= 0")
-        prio.check_priorities(priorities)    # the bound that keeps the tree finite
-        indices = indices.astype(np.int64)
-        if indices.size and indices.min() < 0:
-            raise ValueError("indices must come from sample(): negative index")
-        return self.sampler.update_priorities(indices, priorities)
+        return self.sampler.update_priorities(
+            *self.ring.priorities.check_update(indices, priorities))
 
     @property
     def stale_priority_updates(self) -> int:
@@ -333,14 +301,9 @@ class ReplayMemory:
         counts what it skipped: ``evicted`` (evicted while the iteration went on) and
         ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
-        ring = self.ring
-        with ring.lock:
-            starts = ring.episode_starts()
-
-        def read(start: int, gen: int) -> dict[str, Any] | str:
-            with ring.lock:
-                return ring.read_episode(start, gen)
-        return StoredEpisodes(starts, read)
+        with self.ring.lock:
+            starts = self.ring.episode_starts()
+        return StoredEpisodes(starts, self.ring.read_episode)
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike[str]) -> int:
@@ -357,13 +320,7 @@ class ReplayMemory:
         lanes. Each save is logged (logger ``expreplay.storage.memory``, INFO): where, how big, how
         long. See :mod:`expreplay.storage.checkpoint` for the format.
         """
-        path = os.fspath(path)
-        with self.ring.lock:
-            transitions = self.ring.num_valid
-            size, seconds = _checkpoint.save(self, path)
-        logger.info("Saved the replay memory (%d transitions) to %s: %s in %.2f s.",
-                    transitions, path, _checkpoint.format_bytes(size), seconds)
-        return size
+        return _checkpoint.save(self, os.fspath(path))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, max_size: int | float | None = None,
@@ -394,6 +351,17 @@ class ReplayMemory:
             block_size=block_size, prioritized=prioritized, alpha=alpha,
             priority_eps=priority_eps, extra_fields=extra_fields)
         return _checkpoint.load(cls, os.fspath(path), expected)
+
+
+def _check_allocatable(mem: ReplayMemory, extra: Mapping[str, np.dtype], prioritized: bool) -> None:
+    """Refuse a memory that can not be allocated (:func:`check_allocatable`), naming its size."""
+    frame_bytes = int(np.prod(mem.state_shape)) * mem.dtype.itemsize
+    per_step = (frame_bytes + 13 + sum(d.itemsize for d in extra.values())
+                + (17 if prioritized else 0))     # the class docstring's memory use
+    check_allocatable(
+        (mem.num_slots + 1) * per_step,
+        f"ReplayMemory(max_size={mem.max_size}) of {mem.state_shape} {mem.dtype} frames",
+        f"each step takes {per_step} bytes: choose a smaller max_size")
 
 
 def _block_size(max_size: int, history_len: int, block_size: Any) -> int:

@@ -113,12 +113,13 @@ class BlockRing:
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------ publishing (writers)
-    def publish(self, slots: np.ndarray | int, valid: int, written: int) -> None:
+    def publish(self, slots: np.ndarray | int | None, valid: int, written: int) -> None:
         """``valid`` steps, taken from ``slots``, became VALID (and enter the priority tree),
-        among ``written`` steps added. Caller holds the lock and has set their flags."""
+        among ``written`` steps added (``slots`` may be None for a uniform ring). Caller holds
+        the lock and has set their flags."""
         self.num_valid += valid
         self.num_steps_written += written
-        if self.priorities is not None:
+        if self.priorities is not None and slots is not None:
             self.priorities.on_publish(slots)
 
     def abandon(self, blocks: np.ndarray) -> None:
@@ -246,7 +247,7 @@ class BlockRing:
         """``(first slot, block generation)`` of every episode start stored, oldest lanes'
         blocks first. Caller holds the lock."""
         order = list(self.retired) + list(np.flatnonzero(self.block_state == _ACTIVE))
-        starts = []
+        starts: list[tuple[int, int]] = []
         for block in order:
             lo = block * self.block_size
             fill = int(self.block_fill[block])
@@ -257,12 +258,16 @@ class BlockRing:
     def read_episode(self, start: int, gen: int) -> dict[str, Any] | str:
         """Copies of the episode whose first frame is ``start``, in block generation ``gen``
         (see :meth:`ReplayMemory.episodes`), or :attr:`StoredEpisodes.EVICTED` /
-        :attr:`StoredEpisodes.INCOMPLETE`. Caller holds the lock."""
-        if self.block_gen[start // self.block_size] != gen:
-            return StoredEpisodes.EVICTED
-        slots = self.episode_slots(start)
-        if slots is None:
-            return StoredEpisodes.INCOMPLETE
+        :attr:`StoredEpisodes.INCOMPLETE`. Takes the lock."""
+        with self.lock:
+            if self.block_gen[start // self.block_size] != gen:
+                return StoredEpisodes.EVICTED
+            slots = self.episode_slots(start)
+            if slots is None:
+                return StoredEpisodes.INCOMPLETE
+            return self._episode_copy(slots)
+
+    def _episode_copy(self, slots: np.ndarray) -> dict[str, Any]:
         steps = slots[:-1]
         return dict(observations=self.frames[slots].copy(),
                     actions=self.action[steps].copy(),

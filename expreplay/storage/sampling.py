@@ -28,7 +28,7 @@ from .ring import BlockRing
 
 __all__ = ['SampleBatch', 'Sampler']
 
-_SampleBatchFields = collections.namedtuple(
+_SampleBatchFields = collections.namedtuple(  # type: ignore[name-match]
     'SampleBatch', ['state', 'action', 'reward', 'next_state', 'discount', 'is_over',
                            'indices', 'weights'])
 
@@ -152,6 +152,20 @@ class Sampler:
         for name, values in batch.extras.items():
             np.copyto(out.extras[name], values)
         return out
+
+    def check_out(self, out: Any, batch_size: int, layout: str, method: str) -> None:
+        """Refuse an ``out=`` of ``method`` (``'sample'``: a :class:`SampleBatch`;
+        ``'sample_batch'``: a 4-list) that is not a batch of ``batch_size`` in ``layout``."""
+        h = self.ring.history_len
+        if method == 'sample_batch':
+            _check_out(out, {0: self.state_shape(batch_size, h + 1, layout)}, method)
+            return
+        if not isinstance(out, SampleBatch):
+            raise TypeError(f"out must be a SampleBatch from sample(), got {type(out).__name__}")
+        shape = self.state_shape(batch_size, h, layout)
+        _check_out(out, {0: shape, 3: shape}, method)
+        if set(out.extras) != set(self.ring.extras):
+            raise ValueError("out: its extras are not this memory's extra fields")
 
     def check_batch_size(self, batch_size: int) -> None:
         """Refuse a batch larger than the VALID slots. Caller holds the lock."""
@@ -328,7 +342,7 @@ class Sampler:
         return cached[1]
 
 
-def check_out(out: Any, shapes: Mapping[int, tuple[int, ...]], method: str) -> None:
+def _check_out(out: Any, shapes: Mapping[int, tuple[int, ...]], method: str) -> None:
     """``out`` of an earlier batch: its items ``i`` must have the shapes ``shapes[i]`` (the
     states'); the kernel (or numpy's copy) checks the other arrays' sizes and dtypes."""
     try:

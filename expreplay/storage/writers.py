@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 try:  # optional, built by setup.py when a C compiler is available; looked up at call time
     from . import _acting_ext
 except ImportError:
-    _acting_ext = None
+    _acting_ext = None  # type: ignore[assignment]
 
 __all__ = ['BatchWriter', 'LaneWriter', 'TensorpackAppender']
 
@@ -89,7 +90,7 @@ class BatchWriter:
         self._cur_off = np.full(k, -1, np.int64)
         self._safe = np.zeros(1, np.int64)   # an array: the C kernel counts it down too
         self._closed = False
-        self._bound = None                   # (Store, history, scores, lengths, lives_now)
+        self._bound: tuple | None = None                   # (Store, history, scores, lengths, lives_now)
         # Not a method of self (it would keep the writer alive), and the memory by weak
         # reference (a memory holding its legacy writer would otherwise never be freed).
         self._finalizer = weakref.finalize(self, _give_back, weakref.ref(ring), self._block)
@@ -103,7 +104,7 @@ class BatchWriter:
         """Whether ``lane`` is between an episode's first frame and its end."""
         return bool(self._cur_slot[lane] >= 0)
 
-    def start_episodes(self, lanes, frames, *, checked=False):
+    def start_episodes(self, lanes: Any, frames: Any, *, checked: bool = False) -> None:
         """Start a new episode in each of ``lanes`` with its first observation ``frames[j]``.
 
         An episode still open in such a lane is abandoned: its steps so far stay sampleable.
@@ -122,8 +123,9 @@ class BatchWriter:
             ring.block_fill[self._block[lanes]] += 1
         self._advance(lanes, slots, 0)
 
-    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False,
-                  extras=None):
+    def add_steps(self, lanes: Any, actions: Any, rewards: Any, next_frames: Any, terminated: Any,
+                  truncated: Any, *, checked: bool = False,
+                  extras: Mapping[str, Any] | None = None) -> None:
         """Record the step each of ``lanes`` took from its current observation.
 
         Args (arrays of ``len(lanes)``): ``actions`` (integers), ``rewards`` (finite),
@@ -182,8 +184,11 @@ class BatchWriter:
         if any_end:
             self._cur_slot[lanes[ended]] = -1
 
-    def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
-                               lives, history, scores, lengths, lives_now, *, extras=None):
+    def add_steps_with_history(self, lanes: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                               next_frames: np.ndarray, terminated: np.ndarray,
+                               truncated: np.ndarray, lives: Any, history: Any,
+                               scores: np.ndarray, lengths: np.ndarray, lives_now: np.ndarray, *,
+                               extras: Mapping[str, Any] | None = None) -> bool:
         """The common case of an acting step in one C call (``expreplay.storage._acting_ext``): the
         steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
         companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
@@ -223,7 +228,7 @@ class BatchWriter:
             ring.publish(cur, n, n)
         return True
 
-    def close(self):
+    def close(self) -> None:
         """Detach from the memory: every lane's active block is retired. Idempotent."""
         with self._ring.lock:
             self._finalizer.detach()
@@ -237,7 +242,7 @@ class BatchWriter:
         """The C kernel's binding (``_acting_ext.Store``) to this writer's tables and the
         ring's (and an acting group's, if given); only when the kernel is built."""
         mem, ring = self.memory, self._ring
-        fmt = memoryview(ring.frames[:0]).format if mem.dtype.kind in 'iub' else ''
+        fmt = ring.frames[:0].data.format if mem.dtype.kind in 'iub' else ''
         return _acting_ext.Store(
             (ring.frames, ring.epstep, ring.flags, ring.action, ring.reward, ring.block_fill,
              ring.block_gen, ring.block_state, ring.block_prev_intact),
@@ -350,11 +355,11 @@ class LaneWriter:
                        and not memory.ring.extras and memory.dtype.kind in 'iub' else None)
 
     @property
-    def in_episode(self):
+    def in_episode(self) -> bool:
         """True between :meth:`start_episode` and the step that ends the episode."""
         return self._writer.lane_in_episode(0)
 
-    def start_episode(self, obs):
+    def start_episode(self, obs: Any) -> None:
         """Start a new episode in this lane with its first observation (from ``reset()``).
 
         An episode still open is abandoned: its steps so far stay sampleable.
@@ -362,7 +367,8 @@ class LaneWriter:
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
 
-    def add_step(self, action, reward, next_obs, terminated=False, truncated=False, *, extras=None):
+    def add_step(self, action: Any, reward: Any, next_obs: Any, terminated: Any = False,
+                 truncated: Any = False, *, extras: Mapping[str, Any] | None = None) -> None:
         """Record the step taken from the current observation.
 
         Args:
@@ -400,7 +406,7 @@ class LaneWriter:
                                frame[None], np.array([terminated]), np.array([truncated]),
                                checked=True, extras=extras)
 
-    def close(self):
+    def close(self) -> None:
         """Detach from the memory: the lane's active block is retired. Idempotent."""
         self._writer.close()
 
