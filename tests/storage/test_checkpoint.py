@@ -357,6 +357,7 @@ def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, mo
         assert archive['visits'].shape == (int(mem.ring.block_fill.sum()),)   # written slots only
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_saves_taken_while_writers_run_hold_exactly_the_written_transitions(tmp_path):
     """Four writer threads and a sampler run while checkpoints are taken; each checkpoint
     loads (every table consistent) and every transition in it is a step that was written:

@@ -569,6 +569,7 @@ def test_batch_writer_random_subsets_every_value(num_lanes, history_len, max_siz
         model.check_transition(comb, act, rew, over, history_len)
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
     """Four batch writers in threads, a sampler checking every sampled value meanwhile."""
     history_len = 3
@@ -612,6 +613,7 @@ def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
     assert checked >= 640
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_a_block_change_never_publishes_into_an_evicted_block():
     """Writers in threads on a memory with barely more blocks than writers, and a sampler
     holding the lock often, so that a lane's previous block is now and then evicted between its

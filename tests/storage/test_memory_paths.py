@@ -237,6 +237,7 @@ def check_n_step(batch, model, history_len, n, gamma, layout):
         assert batch.discount[b] == pytest.approx(0.0 if terminated else gamma ** k, rel=1e-6)
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
 def test_many_writers_and_a_sampler_reusing_its_buffers_see_only_what_was_written(kernels, layout):
     """Six lane writers (add_step's one-call path) and two batch writers in threads, on a

@@ -117,7 +117,7 @@ def test_sampling_distribution_chi_square_over_a_million_draws():
     p = (priorities + eps) ** alpha
     probs = p / p.sum()
     # Cells: one per slot, pooling slots with tiny expected counts into one cell.
-    draws, batch = 1_200_000, 200
+    draws, batch = 1_200_000, min(4000, len(mem))   # large batches: fewer calls, same draws
     counts = np.zeros(mem.num_slots, np.int64)
     for _ in range(draws // batch + 1):
         b = mem.sample(batch, rng=rng)
@@ -231,6 +231,7 @@ def test_bad_constructor_arguments():
         ReplayMemory(100, (2,), 2).update_priorities([0], [1.0])
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_concurrent_writers_sampler_and_priority_updates_give_verified_samples():
     """Four writer threads on their own lanes, a sampler that feeds priorities back, and a
     second updater replaying old (mostly stale) indices, on a memory that wraps around many
