@@ -243,10 +243,13 @@ class PriorityIndex:
             raise ValueError(f"priorities must be a real array of the indices' shape "
                              f"{indices.shape}, got {priorities.dtype} {priorities.shape}")
         priorities = priorities.astype(np.float64)
-        # min >= 0 is False for NaN too; max finite rules out +inf.
-        if priorities.size and not (priorities.min() >= 0 and math.isfinite(priorities.max())):
-            raise ValueError("priorities must be finite and >= 0")
-        self.check_priorities(priorities)    # the bound that keeps the tree finite
+        if priorities.size:
+            # min >= 0 is False for NaN too; max finite rules out +inf.
+            top = float(priorities.max())
+            if not (priorities.min() >= 0 and math.isfinite(top)):
+                raise ValueError("priorities must be finite and >= 0")
+            if top > self.priority_bound:     # the bound that keeps the tree finite
+                self.check_priorities(priorities)
         indices = indices.astype(np.int64)
         if indices.size and indices.min() < 0:
             raise ValueError("indices must come from sample(): negative index")

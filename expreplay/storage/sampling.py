@@ -227,7 +227,8 @@ class Sampler:
                 # in a stable sort, the last of equal slots is the last written.
                 order = np.argsort(slots, kind='stable')
                 ordered = slots[order]
-                last = np.ones(len(slots), bool)
+                last = np.empty(len(slots), bool)
+                last[-1] = True
                 np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
                 if not last.all():
                     order = order[last]
