@@ -130,6 +130,17 @@ class SumMinTree:
             self._sum[level][idx] = add(self._sum_rows[level + 1][idx], axis=1)
             self._min[level][idx] = minimum(self._min_rows[level + 1][idx], axis=1)
 
+    def update_live(self, tokens: np.ndarray, values: np.ndarray, raw: np.ndarray,
+                    block_gen: np.ndarray, flags: np.ndarray, block_size: int,
+                    valid_bit: int) -> tuple[int, float] | None:
+        """:meth:`PriorityIndex.update`'s work in one C call (``_tree_ext.update_live``: see
+        its docstring), or None when this tree has no C kernel."""
+        if self._ext is None:
+            return None
+        return self._ext.update_live(self._sum_levels, self._min_levels, self.fanout, tokens,
+                                     values, raw, block_gen, flags, block_size, self.capacity,
+                                     valid_bit)
+
     def clear_range(self, lo: int, hi: int) -> None:
         """Remove leaves ``lo .. hi - 1`` (a contiguous run: one slice per level)."""
         if hi <= lo:
@@ -255,6 +266,50 @@ class PriorityIndex:
             raise ValueError("indices must come from sample(): negative index")
         return indices, priorities
 
+    def update(self, tokens: np.ndarray, priorities: np.ndarray, block_gen: np.ndarray,
+               block_size: int) -> int:
+        """Set the priorities of the transitions of sample ``tokens`` (checked by
+        :meth:`check_update`) whose slot still holds them (its block's generation in
+        ``block_gen`` is the token's, and it is VALID); the last of repeated slots wins.
+        Returns the count skipped (added to :attr:`stale_updates`). Under the memory's lock,
+        after :meth:`flush`."""
+        values = (priorities + self.eps) ** self.alpha
+        done = self.tree.update_live(tokens, values, priorities, block_gen, self._flags,
+                                     block_size, self._valid_bit)
+        if done is not None:
+            stale, top = done
+            self.max_priority = max(self.max_priority, top)
+        else:
+            stale = self._update_numpy(tokens, values, priorities, block_gen, block_size)
+        self.stale_updates += stale
+        return stale
+
+    def _update_numpy(self, tokens, values, priorities, block_gen, block_size):
+        slots, gen = np.divmod(tokens, self.tree.capacity)[::-1]
+        current = block_gen[slots // block_size]
+        if tokens.size and (gen > current).any():
+            raise ValueError("indices must come from sample(): an index names a slot "
+                             "generation this memory has not written")
+        live = (gen == current) & ((self._flags[slots] & self._valid_bit) != 0)
+        stale = len(slots) - int(np.count_nonzero(live))
+        if stale:
+            slots, values, priorities = slots[live], values[live], priorities[live]
+        if len(slots) > 1:
+            # Keep the last of repeated slots (numpy's fancy assignment does not promise it):
+            # in a stable sort, the last of equal slots is the last written.
+            order = np.argsort(slots, kind='stable')
+            ordered = slots[order]
+            last = np.empty(len(slots), bool)
+            last[-1] = True
+            np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
+            if not last.all():
+                order = order[last]
+                slots, values, priorities = slots[order], values[order], priorities[order]
+        if len(slots):
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+            self.tree.set(slots, values)
+        return stale
+
     # -- hooks called by the memory's write path (under its lock)
     def on_publish(self, slots: int | np.ndarray) -> None:
         """Steps from ``slots`` (an int or an int array) became sampleable."""
@@ -301,13 +356,6 @@ class PriorityIndex:
         With ``P(i) = p_i / total`` that is ``(p_i / p_min) ** -beta``: N and the total cancel.
         """
         return (self.tree.get(slots) / self.tree.min) ** -beta
-
-    def priority_values(self, priorities: np.ndarray) -> np.ndarray:
-        """Tree values for raw priorities (also raising the running maximum)."""
-        top = float(priorities.max()) if len(priorities) else 0.0
-        if top > self.max_priority:
-            self.max_priority = top
-        return (priorities + self.eps) ** self.alpha
 
 
 def _uniform(rng, n):

@@ -211,32 +211,9 @@ class Sampler:
         ``indices`` (int64, >= 0); skip those rewritten since. Returns the skipped count."""
         ring, prio = self.ring, self.ring.priorities
         assert prio is not None
-        slots, gen = np.divmod(indices, ring.num_slots)[::-1]
         with ring.lock:
-            current = ring.block_gen[slots // ring.block_size]
-            if indices.size and (gen > current).any():
-                raise ValueError("indices must come from sample(): an index names a slot "
-                                 "generation this memory has not written")
             prio.flush()
-            live = (gen == current) & ((ring.flags[slots] & _VALID) != 0)
-            stale = len(slots) - int(np.count_nonzero(live))
-            if stale:
-                slots, priorities = slots[live], priorities[live]
-            if len(slots) > 1:
-                # Keep the last of repeated slots (numpy's fancy assignment does not promise it):
-                # in a stable sort, the last of equal slots is the last written.
-                order = np.argsort(slots, kind='stable')
-                ordered = slots[order]
-                last = np.empty(len(slots), bool)
-                last[-1] = True
-                np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
-                if not last.all():
-                    order = order[last]
-                    slots, priorities = slots[order], priorities[order]
-            if len(slots):
-                prio.tree.set(slots, prio.priority_values(priorities))
-            prio.stale_updates += stale
-        return stale
+            return prio.update(indices, priorities, ring.block_gen, ring.block_size)
 
     # ------------------------------------------------------------------ draws
     def draw_uniform(self, n: int, rng: Any) -> np.ndarray:

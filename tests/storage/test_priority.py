@@ -117,7 +117,7 @@ def test_sampling_distribution_chi_square_over_a_million_draws():
     p = (priorities + eps) ** alpha
     probs = p / p.sum()
     # Cells: one per slot, pooling slots with tiny expected counts into one cell.
-    draws, batch = 1_200_000, min(4000, len(mem))   # large batches: fewer calls, same draws
+    draws, batch = 1_200_000, 200
     counts = np.zeros(mem.num_slots, np.int64)
     for _ in range(draws // batch + 1):
         b = mem.sample(batch, rng=rng)
