@@ -208,7 +208,7 @@ class _Reader:
     def fail(self, problem):
         raise CheckpointError(self.path, problem)
 
-    def _open(self, name):
+    def open_entry(self, name):
         """The entry ``name`` positioned at its data, and its (shape, fortran, dtype)."""
         if name + '.npy' not in self.names:
             self.fail(f"it has no table {name!r} (not a complete checkpoint)")
@@ -222,13 +222,13 @@ class _Reader:
         self.fail(f"table {name!r} has .npy format version {version}")
 
     def header(self, name):
-        fp, header = self._open(name)
+        fp, header = self.open_entry(name)
         fp.close()
         return header
 
     def open(self, name, dtype, shape):
         """The entry ``name`` positioned at its data, after checking its dtype and shape."""
-        fp, (got_shape, fortran, got_dtype) = self._open(name)
+        fp, (got_shape, fortran, got_dtype) = self.open_entry(name)
         if fortran or got_dtype != np.dtype(dtype) or tuple(got_shape) != tuple(shape):
             fp.close()
             self.fail(f"table {name!r} holds {got_dtype} of shape {tuple(got_shape)}"
@@ -307,7 +307,7 @@ def _read_meta(reader):
         reader.fail("not a ReplayMemory checkpoint (no metadata)")
     if info.file_size > _META_MAX_BYTES:
         reader.fail(f"metadata of {info.file_size} bytes (corrupt)")
-    fp, (shape, _, dtype) = reader._open('meta')
+    fp, (shape, _, dtype) = reader.open_entry('meta')
     with fp:
         if dtype != np.uint8 or len(shape) != 1:
             reader.fail("metadata is not a byte string (corrupt)")
