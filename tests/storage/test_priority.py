@@ -186,6 +186,36 @@ def test_stale_updates_are_skipped_and_counted_and_evicted_slots_leave_the_tree(
     assert tree.get(b.indices[0] % mem.num_slots) == pytest.approx((9.0 + 1e-6) ** 0.6)
 
 
+def test_an_update_with_repeats_and_stale_entries_leaves_the_tree_of_its_last_values():
+    """Repeated tokens (the last one's priority kept, an earlier larger one raising nothing),
+    stale tokens (skipped, counted), the rest set: the tree, inner nodes included, is then the
+    tree of exactly those leaves."""
+    mem, _, writers = filled_prioritized(seed=6)
+    rng = np.random.default_rng(2)
+    old = mem.sample(32, rng=rng).indices
+    writers.write(400)                                  # every slot of `old` rewritten since
+    slots, tokens = all_tokens(mem)
+    pick = rng.choice(len(slots), 40, replace=False)
+    repeats = np.concatenate([tokens[pick], tokens[pick[:10]]])
+    priorities = np.concatenate([rng.uniform(0, 2, 40), rng.uniform(0, 2, 10)])
+    priorities[:10] = 50.0                              # overridden by the repeats after them
+    prio = mem.ring.priorities
+    top = prio.max_priority
+    stale = mem.update_priorities(np.concatenate([old, repeats]),
+                                  np.concatenate([np.full(len(old), 99.0), priorities]))
+    assert stale == len(old)
+    assert prio.max_priority == max(top, priorities[10:].max())
+    want = {int(t) % mem.num_slots: p for t, p in zip(repeats, priorities)}   # last wins
+    tree = prio.tree
+    got = tree.get(np.array(sorted(want)))
+    np.testing.assert_allclose(got, (np.array([want[k] for k in sorted(want)]) + 1e-6) ** 0.6)
+    leaves = tree.leaves.copy()
+    total, smallest = tree.total, tree.min
+    tree.rebuild()                                      # the inner nodes from the leaves alone
+    assert (tree.total, tree.min) == (total, smallest)
+    np.testing.assert_array_equal(tree.leaves, leaves)
+
+
 def test_queued_steps_are_entered_without_a_sample(monkeypatch):
     """A memory nobody samples from (a long fill) enters its queued steps every FLUSH_AT."""
     from expreplay.storage.priority import PriorityIndex
