@@ -558,7 +558,7 @@ def test_batch_writer_random_subsets_every_value(num_lanes, history_len, max_siz
     rng = np.random.default_rng(num_lanes * 10 + history_len)
     mem = ReplayMemory(max_size, FRAME_SHAPE, history_len, block_size=block_size)
     model = StreamModel()
-    written = write_batched_stream(mem, num_lanes, 30 * max_size // num_lanes, rng, model)
+    written = write_batched_stream(mem, num_lanes, 20 * max_size // num_lanes, rng, model)
     assert written > 10 * mem.num_slots        # the ring wrapped around many times
     slots, frames, actions, rewards, is_over = all_valid_transitions(mem)
     assert len(mem) == len(slots) > 0

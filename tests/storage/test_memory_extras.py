@@ -142,7 +142,7 @@ def test_batch_writer_random_subsets_extras(num_lanes, history_len, max_size, bl
     rng = np.random.default_rng(num_lanes)
     mem = ReplayMemory(max_size, FRAME_SHAPE, history_len, block_size=block_size,
                        extra_fields=FIELDS)
-    write_batches(mem, num_lanes, 30 * max_size // num_lanes, rng)
+    write_batches(mem, num_lanes, 20 * max_size // num_lanes, rng)
     assert mem.num_steps_written > 10 * mem.num_slots
     check_every_valid_slot(mem)
     assert check_batch_extras(mem, mem.sample(128, rng=rng)) == 128
