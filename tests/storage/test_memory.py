@@ -579,7 +579,7 @@ def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
 
     def writer(k):
         try:
-            write_batched_stream(mem, 6, 2000, np.random.default_rng(k), models[k], lane_offset=10 * k)
+            write_batched_stream(mem, 6, 1000, np.random.default_rng(k), models[k], lane_offset=10 * k)
         except Exception as err:   # pragma: no cover - reported below
             errors.append(err)
 

@@ -275,7 +275,7 @@ def test_many_writers_and_a_sampler_reusing_its_buffers_see_only_what_was_writte
     def batch_writer(k):
         from test_memory import write_batched_stream
         try:
-            write_batched_stream(mem, 4, 1500, np.random.default_rng(k), models[k],
+            write_batched_stream(mem, 4, 800, np.random.default_rng(k), models[k],
                                  lane_offset=10 * k)
         except Exception as err:   # pragma: no cover - reported below
             errors.append(err)
