@@ -136,12 +136,12 @@ def _unstorable(arr, dtype, what='frames'):
                 return k, f"holds {arr.flat[k]}: a bool memory takes 0 and 1 only"
         return None
     # A float memory.
-    info = np.finfo(dtype)
+    finfo = np.finfo(dtype)
     if src.kind == 'f':
         if src == dtype and np.isfinite(arr).all():
             return None
         with np.errstate(invalid='ignore', over='ignore'):
-            bad = ~(np.abs(arr) <= info.max)
+            bad = ~(np.abs(arr) <= finfo.max)
         if bad.any():
             k = int(np.argmax(bad))
             v = float(arr.flat[k])
@@ -149,9 +149,9 @@ def _unstorable(arr, dtype, what='frames'):
                     else f"{v:g}, beyond the range of {dtype}")
             return k, f"holds {what}, which can not be stored as {dtype}: {what} must be finite"
         return None
-    if src.kind in 'iu' and src.itemsize * 8 > info.nmant + 1:
+    if src.kind in 'iu' and src.itemsize * 8 > finfo.nmant + 1:
         # Exact iff the odd part of |v| has at most nmant + 1 bits (int64 fits float32's range).
-        limit = 2 ** (info.nmant + 1)
+        limit = 2 ** (finfo.nmant + 1)
         big = (arr > limit) | (arr < -limit)
         if big.any():
             v = arr[big]
