@@ -33,7 +33,8 @@ LENGTHS = (5, 3, 8)
 ENDS = ('terminated', 'truncated')
 H = 3
 LIFE_EVERY = 4                 # with lives=3 an episode (<= 8 steps) never runs out of lives
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(TESTS)
 
 
@@ -42,7 +43,7 @@ ROOT = os.path.dirname(TESTS)
 def worker_path():
     """Actor processes import this module, scripted_env and this checkout's expreplay."""
     old = os.environ.get('PYTHONPATH')
-    os.environ['PYTHONPATH'] = os.pathsep.join([ROOT, TESTS] + ([old] if old else []))
+    os.environ['PYTHONPATH'] = os.pathsep.join([ROOT, TESTS, HERE] + ([old] if old else []))
     yield
     if ray.is_initialized():
         ray.shutdown()
