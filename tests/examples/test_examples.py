@@ -43,7 +43,7 @@ def test_cartpole_reaches_475_within_100k_steps(tmp_path):
 
 # ------------------------------------------------------------------------------- Atari
 ATARI_SMOKE = ['--env', 'ALE/Pong-v5', '--memory-size', 3000, '--init-memory-size', 300,
-               '--batch-size', 16, '--steps-per-epoch', 25, '--target-update', 10,
+               '--batch-size', 16, '--steps-per-epoch', 10, '--target-update', 5,
                '--eval-episodes', 2, '--max-episode-steps', 100]
 
 
@@ -193,8 +193,10 @@ def test_atari_ctrl_c_in_the_first_epoch_then_rerun_keeps_the_run_and_resume_res
     logdir = tmp_path / 'pong'
     common = [*ATARI_SMOKE, '--logdir', logdir, '--players', 2, '--eval-every', 0,
               '--exploration-steps', 400]
+    # The first progress line comes a second into the training: a training step is done.
     code, out, err = interrupt_example(tmp_path, 'dqn_atari.py',
-                                       [*common, '--steps-per-epoch', 100000], 'progress:')
+                                       [*common, '--steps-per-epoch', 100000, '--progress-every', 2],
+                                       'progress:')
     line = assert_stopped_cleanly(code, out, err)
     assert 'Start Epoch 2' not in out
     assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
