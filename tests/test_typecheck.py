@@ -54,10 +54,13 @@ def _public_objects():
     seen, out, absent = set(), {}, []
     for module in _public_modules():
         for name in getattr(module, '__all__', ()):
-            if not hasattr(module, name):
+            try:
+                obj = getattr(module, name)
+            except ImportError:         # a lazy name of an extra that is not installed
+                continue
+            except AttributeError:
                 absent.append(f'{module.__name__}.{name}')
                 continue
-            obj = getattr(module, name)
             if (inspect.isfunction(obj) or inspect.isclass(obj)) and _ours(obj) and id(obj) not in seen:
                 seen.add(id(obj))
                 out[f'{obj.__module__}.{obj.__qualname__}'] = obj
