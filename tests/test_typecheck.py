@@ -83,7 +83,8 @@ def _callables_of(cls):
                 out[name] = (attr.__func__, True)
             elif isinstance(attr, property) and attr.fget is not None:
                 out[name] = (attr.fget, True)
-            elif inspect.isfunction(attr):
+            elif inspect.isfunction(attr) and _ours(attr):
+                # (not typing's placeholder __init__ that a Protocol class carries)
                 out[name] = (attr, True)
     return out
 

@@ -86,7 +86,7 @@ def _writer_gone(tmp, host, pid):
         return False
 
 
-def remove_dead_temps(path):
+def remove_dead_temps(path: str) -> list[str]:
     """Remove the temporary files of saves of ``path`` whose writer has died. Returns them."""
     removed = []
     for tmp in glob.glob(glob.escape(path) + _TEMP_TAG + '*'):

@@ -333,7 +333,7 @@ def _load(cls, reader, expected):
         reader.fail(f"unsupported checkpoint format version {version!r} (this expreplay reads "
                     f"{sorted({VERSION, *MISSING_IN_OLD_VERSIONS})})")
     try:
-        config = dict(
+        config: dict[str, Any] = dict(
             max_size=check_int(meta.get('max_size'), 'max_size', 1),
             state_shape=check_shape(meta.get('state_shape'), 'state_shape'),
             history_len=check_int(meta.get('history_len'), 'history_len', 1),
