@@ -30,16 +30,21 @@ Cases:
 * ``b8``: the CPU machine: the Nature-DQN CNN (``bench_population.make_cnn``: TensorFlow on
   the CPU, default threading) as the predictor, 8 players, the learner 1 ms per batch.
 
-``--ceiling`` also measures, in the same run, what the machine allows: CPU ms per env step
-(and how much of it is the emulator's ``ale.act``, which releases the GIL, the rest being
-the Python wrappers, opencv and the other ALE calls, counted as holding it), CPU ms per ``sample_batch(64)``, and the bounds these give
-for ``update_frequency`` 4: ``cores / (4 env + sample)`` updates/s for the CPU and ``1 /
-(4 GIL-held env + sample)`` for one interpreter's GIL.
+``--ceiling`` also measures, in the same run, what the machine allows: CPU ms per env step,
+the share of it that runs without the GIL (from how two envs in two threads scale over one:
+ale-py's ``act`` keeps the GIL, so a gymnasium Atari env holds it for almost all its step),
+CPU ms per ``sample_batch(64)``, and the bounds these give for ``update_frequency`` 4:
+``cores / (4 env + sample)`` updates/s for the CPU and ``1 / (4 GIL-held env + sample)`` for
+one interpreter's GIL.
+
+``--compare vector=K`` adds a contestant whose envs are K players of ale-py's
+``AtariVectorEnv`` (the same preprocessing, done by C++ threads outside the GIL): what a
+learner gets when the envs do not hold the GIL.
 
 Usage::
 
     python benchmarks/bench_e2e.py --reference PATH/tensorpack_expreplay.py [--cases a8 a16 b8]
-        [--rounds 3] [--seconds 5] [--prefetch N] [--ceiling]
+        [--rounds 3] [--seconds 5] [--prefetch N] [--ceiling] [--compare vector=2]
 
 Each case runs in a subprocess of its own (the original's threads never stop; a process that
 exits frees them and its memory).
@@ -97,6 +102,20 @@ def pong():
     return make_env('ALE/Pong-v5', sticky=0.25, max_episode_steps=None)
 
 
+def vector_pong(num_envs, batch_size=0):
+    """A ``get_player`` for ale-py's ``AtariVectorEnv``: ``num_envs`` Pong envs stepped by C++
+    threads with the preprocessing of :func:`pong` (frameskip 4 with max-pooling, grayscale
+    84x84, no-op starts, sticky actions) done there too, outside the GIL."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    def make():
+        return AtariVectorEnv('pong', num_envs=num_envs, batch_size=batch_size,
+                              num_threads=min(num_envs, 2),
+                              stack_num=1, repeat_action_probability=0.25,
+                              reward_clipping=False, use_fire_reset=False)
+    return make
+
+
 class OldGymPong:
     """Pong with the old gym API (``reset() -> obs``, 4-tuple ``step``), for the original."""
 
@@ -112,25 +131,57 @@ class OldGymPong:
         return obs, reward, terminated or truncated, info
 
 
+def subprocess_pong(num_envs):
+    """A ``get_player`` for gymnasium's ``AsyncVectorEnv`` of ``num_envs`` :func:`pong` envs,
+    each in a worker process."""
+    import gymnasium as gym
+
+    def make():
+        return gym.vector.AsyncVectorEnv([pong] * num_envs, shared_memory=True)
+    return make
+
+
 # ---------------------------------------------------------------------------- contestants
 class Ours:
     """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
 
     def __init__(self, players, predictor, args, variant=None):
-        from expreplay import ReplayStream
+        from expreplay import Population, ReplayMemory, ReplayStream, Sampling
         settings = dict(prefetch=args.prefetch, maximum_staleness=args.staleness,
                         simulator_threads=args.simulator_threads)
         self.label = 'expreplay'
+        get_player = pong
+        self.switch_interval = None
         if variant:
             name, value = variant.split('=')
             settings[name] = int(value)
             self.label = f'expreplay[{variant}]'
-        kwargs = {k: v for k, v in settings.items() if v is not None and k != 'simulator_threads'}
-        if settings['simulator_threads'] is not None:
-            kwargs['manager_kwargs'] = {'simulator_threads': settings['simulator_threads']}
-        self.stream = ReplayStream(predictor, pong, players, FRAME, BATCH, args.memory_size,
-                                   args.init_memory_size, UPDATE_FREQUENCY, HISTORY,
-                                   progress=False, seed=0, **kwargs)
+        if settings.get('switch_us'):
+            # ``switch_us=N``: sys.setswitchinterval(N microseconds) while this one is measured
+            self.switch_interval = settings['switch_us'] * 1e-6
+        if settings.get('vector'):
+            # ``vector=K``: the same number of envs as K vector players (ale-py's AtariVectorEnv)
+            k = settings['vector']
+            get_player, players = vector_pong(players // k), k
+        if settings.get('async'):
+            # ``async=K``: one asynchronous AtariVectorEnv of the case's envs, each receive
+            # returning the 1/K of them that are ready first
+            get_player, players = vector_pong(players, players // settings['async']), 1
+        if settings.get('subproc'):
+            # ``subproc=K``: the case's envs as K players of gymnasium's AsyncVectorEnv, each
+            # sub-env in a process of its own (its steps hold that process's GIL, not ours)
+            k = settings['subproc']
+            get_player, players = subprocess_pong(players // k), k
+        manager = ({} if settings['simulator_threads'] is None
+                   else {'simulator_threads': settings['simulator_threads']})
+        prefetch = {} if settings['prefetch'] is None else {'prefetch': settings['prefetch']}
+        self.stream = ReplayStream(
+            ReplayMemory(args.memory_size, FRAME, HISTORY),
+            Population(get_player, players, predictor,
+                       maximum_staleness=settings['maximum_staleness'], seed=0,
+                       manager_kwargs=manager),
+            Sampling(BATCH, UPDATE_FREQUENCY, seed=0), args.init_memory_size, progress=False,
+            **prefetch)
         self.stream.start()
         self.stream.exploration = 0.1
         self.batches = iter(self.stream)
@@ -174,14 +225,20 @@ def measure(contestant, warmup, seconds):
     seconds of the same. The CPU is the whole process's (every thread; the other
     contestant's threads are idle meanwhile, their queues full): what one update costs the
     machine, less sensitive to other processes' load than the rate."""
-    deadline = time.perf_counter() + warmup
-    while time.perf_counter() < deadline:
-        learner(contestant.next())
-    n, t0, c0 = 0, time.perf_counter(), time.process_time()
-    deadline = t0 + seconds
-    while time.perf_counter() < deadline:
-        learner(contestant.next())
-        n += 1
+    default_interval = sys.getswitchinterval()
+    if getattr(contestant, 'switch_interval', None):
+        sys.setswitchinterval(contestant.switch_interval)
+    try:
+        deadline = time.perf_counter() + warmup
+        while time.perf_counter() < deadline:
+            learner(contestant.next())
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        deadline = t0 + seconds
+        while time.perf_counter() < deadline:
+            learner(contestant.next())
+            n += 1
+    finally:
+        sys.setswitchinterval(default_interval)
     return n / (time.perf_counter() - t0), (time.process_time() - c0) / max(n, 1) * 1e3
 
 
@@ -195,28 +252,9 @@ def learner_alone(seconds):
 
 # ---------------------------------------------------------------------------- the ceiling
 def cpu_ms_per_env_step(steps=2000):
-    """(CPU ms per Pong step, of which ms inside ``ale.act``), one env, random actions."""
+    """CPU ms per Pong agent step (four emulator frames and the preprocessing), one env,
+    random actions, in this thread."""
     env = pong()
-    atari = env.unwrapped              # gymnasium's AtariEnv, whose ALE the wrappers drive
-    ale, in_act = atari.ale, [0.0]
-
-    class TimedAle:        # ale.act releases the GIL: time it apart from the Python around it
-        def __getattr__(self, name):
-            return getattr(ale, name)
-
-        def act(self, *a):
-            t = time.thread_time()
-            out = ale.act(*a)
-            in_act[0] += time.thread_time() - t
-            return out
-
-    timed = TimedAle()
-    atari.ale = timed
-    layer = env
-    while layer is not atari:          # the preprocessing keeps the ALE it drives too
-        if 'ale' in vars(layer):
-            layer.ale = timed
-        layer = layer.env
     env.reset(seed=0)
     rng = np.random.default_rng(0)
     c0 = time.thread_time()
@@ -224,8 +262,37 @@ def cpu_ms_per_env_step(steps=2000):
         _, _, term, trunc, _ = env.step(int(rng.integers(6)))
         if term or trunc:
             env.reset()
-    total = (time.thread_time() - c0) / steps * 1e3
-    return total, in_act[0] / steps * 1e3
+    return (time.thread_time() - c0) / steps * 1e3
+
+
+def gil_free_share_of_env_step(seconds=1.0):
+    """The share of a Pong step that runs without the GIL, from how two envs stepped by two
+    threads scale over one: if a share f of the step releases the GIL, two threads step
+    ``1 / (1 - f)`` times as fast as one (at most the 2 cores' 2x), so f = 1 - rate1 / rate2.
+    Measured rather than assumed: ale-py's ``act`` keeps the GIL, opencv's resize drops it."""
+    envs = [pong(), pong()]
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+
+    def run(env, counts, i, deadline):
+        rng = np.random.default_rng(i)
+        while time.perf_counter() < deadline:
+            _, _, term, trunc, _ = env.step(int(rng.integers(6)))
+            if term or trunc:
+                env.reset()
+            counts[i] += 1
+
+    rates = []
+    for n in (1, 2):
+        counts, t0 = [0, 0], time.perf_counter()
+        threads = [threading.Thread(target=run, args=(envs[i], counts, i, t0 + seconds))
+                   for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rates.append(sum(counts) / (time.perf_counter() - t0))
+    return min(max(1.0 - rates[0] / rates[1], 0.0), 1.0)
 
 
 def cpu_ms_per_sample(memory, reps=300):
@@ -262,11 +329,15 @@ def run_case(args):
             + f"; load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
     if args.ceiling:
         contestants[0].stream.close(save=False)      # the ceiling is measured on an idle pipeline
-        env_ms, act_ms = cpu_ms_per_env_step()
+        env_ms = cpu_ms_per_env_step()
+        free = gil_free_share_of_env_step()
         sample_ms = cpu_ms_per_sample(contestants[0].stream.memory)
-        out['ceiling'] = dict(env_ms=env_ms, act_ms=act_ms, sample_ms=sample_ms,
+        out['ceiling'] = dict(env_ms=env_ms, gil_free_share=free, sample_ms=sample_ms,
                               cores=os.cpu_count())
     print(json.dumps(out), flush=True)
+    for c in contestants[1:]:
+        if isinstance(c, Ours):
+            c.stream.close(save=False)     # subprocess players end their workers
     os._exit(0)      # the original's threads never stop
 
 
@@ -301,14 +372,16 @@ def report(results, args):
             for label, v in cpu.items()))
         ceiling = res.get('ceiling')
         if ceiling:
-            env, act, sample, cores = (ceiling['env_ms'], ceiling['act_ms'], ceiling['sample_ms'],
-                                       ceiling['cores'])
-            held = env - act
+            env, free, sample, cores = (ceiling['env_ms'], ceiling['gil_free_share'],
+                                        ceiling['sample_ms'], ceiling['cores'])
+            held = env * (1.0 - free)
             cpu_bound = cores / (UPDATE_FREQUENCY * env + sample) * 1e3
             gil_bound = 1.0 / (UPDATE_FREQUENCY * held + sample) * 1e3
-            print(f"    ceiling ({case}): env step {env:.3f} CPU ms ({act:.3f} in ale.act without "
-                  f"the GIL, {held:.3f} Python/opencv with it), sample_batch(64) {sample:.3f} ms: "
-                  f"CPU bound {cpu_bound:.0f} updates/s, GIL bound {gil_bound:.0f} updates/s")
+            print(f"    ceiling ({case}, gymnasium players): env step {env:.3f} CPU ms, of which "
+                  f"{free:.0%} without the GIL (two envs in two threads vs one), so {held:.3f} ms "
+                  f"holding it; sample_batch(64) {sample:.3f} ms: CPU bound {cpu_bound:.0f} "
+                  f"updates/s, GIL bound {gil_bound:.0f} updates/s (envs, sampling; acting, "
+                  f"inserting and the hand-over not counted)")
     if not args.reference:
         print("\nthe original's rows were skipped: give --reference PATH to tensorpack's "
               "examples/DeepQNetwork/expreplay.py")
@@ -345,7 +418,12 @@ def main():
     ap.add_argument('--simulator-threads', type=int, help="expreplay's simulator threads")
     ap.add_argument('--compare', nargs='*', default=[], metavar='SETTING=N',
                     help="more expreplay contestants in the same rounds, each with one setting "
-                    "changed: prefetch=N, maximum_staleness=N or simulator_threads=N")
+                    "changed: prefetch=N, maximum_staleness=N, simulator_threads=N, or vector=K (the "
+                    "case's envs as K players of ale-py's AtariVectorEnv, which steps and "
+                    "preprocesses them in C++ threads outside the GIL), or async=K (one "
+                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), subproc=K "
+                    "(K players of gymnasium's AsyncVectorEnv, a process per env), or "
+                    "switch_us=N (sys.setswitchinterval of N microseconds while it is measured)")
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")
     ap.add_argument('--ceiling', action='store_true', help="also measure the machine's ceiling")

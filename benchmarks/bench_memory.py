@@ -52,6 +52,7 @@ import numpy as np
 
 from bench_population import load_reference   # the one loader of tensorpack's original
 from expreplay import ReplayMemory
+from expreplay.storage.sampling import Sampler
 
 
 def fill(mem, steps, rng, num_writers=4, episodes=None):
@@ -162,11 +163,13 @@ def main():
     pmem = ReplayMemory(args.size, (84, 84), 4, prioritized=True)
     # The uniform twin: the same arrays (frames, flags, blocks) without the priority tree.
     mem = copy.copy(pmem)
-    mem._priorities = None
+    mem.ring = copy.copy(pmem.ring)
+    mem.ring.priorities = None
+    mem.sampler = Sampler(mem.ring)
     episodes = []
     t = time.perf_counter()
     pool = fill(pmem, args.size, rng, episodes=episodes)
-    mem._num_valid = pmem._num_valid
+    mem.ring.num_valid = pmem.ring.num_valid
     print(f"filled {args.size} steps in {time.perf_counter() - t:.1f}s; {len(mem)} valid transitions")
     rb = urb = None
     if not args.no_cpprb:
@@ -185,11 +188,12 @@ def main():
     else:
         print("no --reference given: the original's append rows are skipped")
     add_step, append = make_writers(args.write_size, reference)
-    arrays = [mem._frames, mem._action, mem._reward, mem._epstep, mem._flags, mem._block_fill,
-              mem._block_prev, mem._block_next, mem._block_prev_intact, mem._block_state, mem._block_gen]
+    r = mem.ring
+    arrays = [r.frames, r.action, r.reward, r.epstep, r.flags, r.block_fill, r.block_prev,
+              r.block_next, r.block_prev_intact, r.block_state, r.block_gen]
     per_step = sum(a.nbytes for a in arrays) / mem.max_size
     print(f"bytes per step: {per_step:.1f} (frame {84 * 84} + {per_step - 84 * 84:.1f} overhead)")
-    tree = pmem._priorities.tree
+    tree = pmem.ring.priorities.tree
     tree_bytes = sum(a.nbytes for a in tree._sum + tree._min)
     print(f"priority tree: {tree_bytes / mem.max_size:.1f} bytes per step more "
           f"(fanout {tree.fanout}, depth {tree.depth})")
@@ -197,9 +201,9 @@ def main():
     def make_bound(m):
         """frames[idx], each call a new index set drawn the way sample_batch draws them (a
         set reused would find its pages in the TLB, which fresh draws from a 1M ring do not)."""
-        idx_sets = [m._frame_index(m._draw_valid_slots(64, rng))
+        idx_sets = [m.ring.frame_index(m.sampler.draw_uniform(64, rng))
                     for _ in range(args.batches * args.rounds)]
-        frames = m._frames
+        frames = m.ring.frames
         it = iter(idx_sets)
 
         def bound():
@@ -207,7 +211,7 @@ def main():
         return bound, idx_sets[:args.batches]
 
     bound, idx_sets = make_bound(mem)
-    frames = mem._frames
+    frames = mem.ring.frames
     small = None
     if args.also_size:
         small = ReplayMemory(args.also_size, (84, 84), 4)

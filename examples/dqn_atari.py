@@ -22,11 +22,12 @@ network copied every 10k training steps, epsilon 1 -> 0.1 over the first 1M agen
 -> 0.01 by 40M, Adam (or tensorpack's RMSProp), Huber loss, rewards clipped to [-1, 1].
 
 Progress: tqdm bars for the memory fill and each epoch; a ``progress:`` line 15 s into the
-training (30-40 s after the start here) and every 30 s after it (agent steps and their rate,
-games finished this epoch and their mean score, epsilon); every epoch the monitors print (and
-write to TensorBoard events and ``stats.json`` in the log directory) the training game scores
-(``expreplay/mean_score``: whole games, all lives), env steps per second, the loss and the mean
-predicted Q; every ``--eval-every`` epochs a greedy evaluation adds ``eval/mean_score``.
+training (30-40 s after the start here) and every 30 s after it (``--progress-every``; agent
+steps and their rate, games finished this epoch and their mean score, epsilon); every epoch the
+monitors print (and write to TensorBoard events and ``stats.json`` in the log directory) the
+training game scores (``expreplay/mean_score``: whole games, all lives), env steps per second,
+the loss and the mean predicted Q; every ``--eval-every`` epochs a greedy evaluation adds
+``eval/mean_score``.
 ``tensorboard --logdir train_log`` shows the curves. Ctrl-C stops the training cleanly (the
 environments are closed, the model and the replay memory are saved) and says what is saved
 where; ``--resume`` continues that run (network, global step and so the exploration schedule,
@@ -135,6 +136,8 @@ def parse_args(argv=None):
                    help='agent steps over which epsilon falls from 1 to 0.1 (then to 0.01 by 40x that)')
     p.add_argument('--steps-per-epoch', type=int, default=5_000, help='training steps per epoch')
     p.add_argument('--max-epoch', type=int, default=2_000)
+    p.add_argument('--progress-every', type=float, default=30.0, metavar='SECONDS',
+                   help="seconds between 'progress:' lines (the first comes after half of it)")
     # Evaluation and play.
     p.add_argument('--eval-every', type=int, default=5, help='epochs between greedy evaluations (0: never)')
     p.add_argument('--eval-episodes', type=int, default=10, help='games per evaluation')
@@ -379,7 +382,8 @@ def train(args, num_actions):
         beta=beta if args.prioritized else None,
     )
     callbacks = [
-        ProgressLog(replay, every=30, first=15),   # the epoch's monitors are minutes away
+        # The epoch's monitors are minutes away: a line soon after the fill, then regularly.
+        ProgressLog(replay, every=args.progress_every, first=args.progress_every / 2),
         SaveModelAtExit(),   # every epoch and at the end (Ctrl-C too); --resume and --load read it
         PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=True),
                         every_k_steps=args.target_update),

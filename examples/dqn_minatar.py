@@ -58,7 +58,7 @@ import gymnasium as gym
 import minatar.gym
 import numpy as np
 
-from expreplay import ReplayStream
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling
 
 minatar.gym.register_envs()
 
@@ -288,20 +288,20 @@ def train(args):
     learner = DQNLearner(channels, num_actions, args, rng)
     episodes = EpisodeLog(args.returns)
     stream = ReplayStream(
-        learner.q_values, lambda: make_env(args.game),
-        num_parallel_players=1,   # the paper's one env, stepped inline between updates
+        ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
+                     prioritized=args.prioritized, alpha=args.alpha),
+        # The paper's one env, stepped inline between updates.
+        Population(lambda: make_env(args.game), 1, learner.q_values, seed=args.seed,
+                   on_episode_end=episodes),
+        Sampling(args.batch_size, args.update_frequency, n_step=args.n_step, gamma=args.gamma,
+                 seed=args.seed,
+                 # beta: annealed to 1 over the run (batch k comes after k * update_frequency frames).
+                 beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency / args.frames))
+                 if args.prioritized else None),
+        init_memory_size=args.replay_start, progress=False,
         # The paper alternates a frame and an update: drawn ahead, batches would let the env
         # run up to `prefetch` updates ahead of the learner's weights (and of --frames).
-        prefetch=0,
-        state_shape=(10, 10, channels), state_dtype='bool', history_len=1,
-        batch_size=args.batch_size, memory_size=args.memory_size,
-        init_memory_size=args.replay_start, update_frequency=args.update_frequency,
-        seed=args.seed, progress=False,
-        on_episode_end=episodes, n_step=args.n_step, gamma=args.gamma,
-        prioritized=args.prioritized, alpha=args.alpha,
-        # beta: annealed to 1 over the run (batch k comes after k * update_frequency frames).
-        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency / args.frames))
-        if args.prioritized else None)
+        prefetch=0)
     start = last_log = time.time()
     last_frames = 0
     with stream:   # closing joins every thread, also on Ctrl-C or an error

@@ -18,7 +18,7 @@ import threading
 import gymnasium as gym
 import numpy as np
 
-from expreplay import ReplayStream
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling
 
 
 class LinearQ:
@@ -70,11 +70,12 @@ def main():
 
     history = 2
     q = LinearQ(state_size=4 * history, num_actions=2, lr=1e-3, gamma=0.99, seed=args.seed)
+    # CartPole's observations are 4 floats: a float32 memory of 4-vectors, 2 per state.
     stream = ReplayStream(
-        q, lambda: gym.make('CartPole-v1'),
-        num_parallel_players=args.players, state_shape=(4,), state_dtype='float32',
-        batch_size=32, memory_size=20_000, init_memory_size=1_000, update_frequency=4,
-        history_len=history, seed=args.seed)
+        ReplayMemory(20_000, (4,), history, 'float32'),
+        Population(lambda: gym.make('CartPole-v1'), args.players, q, seed=args.seed),
+        Sampling(batch_size=32, update_frequency=4, seed=args.seed),
+        init_memory_size=1_000)
 
     # The context manager closes the stream: every simulator thread is joined on the way out.
     with stream:

@@ -7,15 +7,20 @@ bad value is refused the same way wherever it is passed (``ReplayMemory``, ``Env
 
 import math
 import numbers
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
+
+_T = TypeVar('_T')
 
 __all__ = ['check_int', 'check_probability', 'check_timeout', 'check_real', 'check_bool',
            'check_callable', 'check_shape', 'check_dtype', 'check_seed', 'check_rng', 'check_choice',
            'check_allocatable', 'format_bytes']
 
 
-def check_int(value, name, minimum=None, maximum=None, *, allow_float=False):
+def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None, *,
+              allow_float: bool = False) -> int:
     """``value`` as an int, refusing bools, strings and fractions.
 
     ``allow_float``: a whole float (``1e6``, which tensorpack's DQN.py passes as a size) is
@@ -28,13 +33,13 @@ def check_int(value, name, minimum=None, maximum=None, *, allow_float=False):
     elif allow_float and isinstance(value, numbers.Real):
         if not math.isfinite(value) or value != math.floor(value):
             raise ValueError(f"{name} must be a whole number, got {value!r}")
-        out = int(value)
+        out = int(math.floor(value))
     else:
         raise TypeError(f"{name} must be an integer, got {value!r}")
     return _in_range(out, value, name, minimum, maximum)
 
 
-def _in_range(out, value, name, minimum, maximum):
+def _in_range(out: Any, value: Any, name: str, minimum: float | None, maximum: float | None) -> Any:
     if minimum is not None and out < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     if maximum is not None and out > maximum:
@@ -42,7 +47,8 @@ def _in_range(out, value, name, minimum, maximum):
     return out
 
 
-def check_real(value, name, minimum=None, maximum=None, *, finite=True):
+def check_real(value: Any, name: str, minimum: float | None = None, maximum: float | None = None, *,
+               finite: bool = True) -> float:
     """``value`` as a float; bools and non-numbers refused, NaN always, inf unless not ``finite``."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r}")
@@ -52,7 +58,7 @@ def check_real(value, name, minimum=None, maximum=None, *, finite=True):
     return _in_range(out, value, name, minimum, maximum)
 
 
-def check_probability(value, name):
+def check_probability(value: Any, name: str) -> float:
     """A probability in [0, 1]."""
     if type(value) is float and 0.0 <= value <= 1.0:     # the per-step case, first
         return value
@@ -62,7 +68,11 @@ def check_probability(value, name):
     return float(value)
 
 
-def check_timeout(value, name, *, allow_none=False):
+@overload
+def check_timeout(value: Any, name: str, *, allow_none: Literal[False] = False) -> float: ...
+@overload
+def check_timeout(value: Any, name: str, *, allow_none: bool) -> float | None: ...
+def check_timeout(value: Any, name: str, *, allow_none: bool = False) -> float | None:
     """Seconds to wait: >= 0; ``float('inf')`` means wait forever (returned as None when
     ``allow_none``, the form ``threading`` waits take); negative or NaN refused."""
     if value is None and allow_none:
@@ -73,7 +83,7 @@ def check_timeout(value, name, *, allow_none=False):
     return out
 
 
-def check_bool(value, name):
+def check_bool(value: Any, name: str) -> bool:
     """A bool (numpy's too, or the integers 0 and 1); 'no', 1.0 or NaN are refused."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
@@ -82,15 +92,16 @@ def check_bool(value, name):
     raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
-def check_callable(value, name, *, allow_none=False):
+def check_callable(value: _T, name: str, *, allow_none: bool = False) -> _T:
+    """``value``, refused unless callable (or None when allowed)."""
     if value is None and allow_none:
-        return None
+        return value
     if not callable(value):
         raise TypeError(f"{name} must be callable, got {value!r}")
     return value
 
 
-def check_shape(value, name, *, min_rank=1, max_rank=3):
+def check_shape(value: Any, name: str, *, min_rank: int = 1, max_rank: int = 3) -> tuple[int, ...]:
     """A frame shape as a tuple of positive ints: an int ``n`` means ``(n,)``.
 
     Strings (``'84'`` would read as ``(8, 4)``), floats and bools are refused, whole floats too:
@@ -111,7 +122,7 @@ def check_shape(value, name, *, min_rank=1, max_rank=3):
     return tuple(dims)
 
 
-def check_dtype(value, name, kinds='biuf'):
+def check_dtype(value: Any, name: str, kinds: str = 'biuf') -> np.dtype:
     """A numpy dtype of one of ``kinds`` (numpy's kind letters); None is refused (numpy would
     read it as float64)."""
     if value is None:
@@ -125,14 +136,18 @@ def check_dtype(value, name, kinds='biuf'):
     return out
 
 
-def check_seed(value, name='seed', *, allow_none=True):
+@overload
+def check_seed(value: Any, name: str = ..., *, allow_none: Literal[False]) -> int: ...
+@overload
+def check_seed(value: Any, name: str = ..., *, allow_none: bool = ...) -> int | None: ...
+def check_seed(value: Any, name: str = 'seed', *, allow_none: bool = True) -> int | None:
     """A seed: a non-negative int (or None when allowed)."""
     if value is None and allow_none:
         return None
     return check_int(value, name, minimum=0)
 
 
-def check_rng(value, name='rng', *, allow_none=True):
+def check_rng(value: Any, name: str = 'rng', *, allow_none: bool = True) -> Any:
     """A ``numpy.random.Generator`` or legacy ``RandomState`` (or None when allowed)."""
     if value is None and allow_none:
         return None
@@ -142,22 +157,25 @@ def check_rng(value, name='rng', *, allow_none=True):
     return value
 
 
-def check_choice(value, name, choices):
+def check_choice(value: Any, name: str, choices: Sequence[str]) -> str:
     """One of the strings ``choices``."""
     if isinstance(value, str) and value in choices:
         return value
     raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-def format_bytes(n):
+def format_bytes(n: float) -> str:
     """``n`` bytes for a message: ``'512 B'``, ``'1.50 MB'``, ..., ``'3.20 TB'``."""
-    for unit in ('B', 'KB', 'MB', 'GB', 'TB'):
-        if n < 1024 or unit == 'TB':
-            return f"{n:.0f} {unit}" if unit == 'B' else f"{n:.2f} {unit}"
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ('KB', 'MB', 'GB'):
         n /= 1024
+        if n < 1024:
+            return f"{n:.2f} {unit}"
+    return f"{n / 1024:.2f} TB"
 
 
-def check_allocatable(nbytes, what, advice):
+def check_allocatable(nbytes: int, what: str, advice: str) -> None:
     """Refuse, before anything is allocated, a size this machine can not allocate.
 
     numpy's own MemoryError says neither how much was asked nor why; this one says that

@@ -16,11 +16,11 @@ EXTRA_MODULES = {
     'ray': ('ray', 'gymnasium'),
     'envpool': ('envpool',),
     'minatar': ('minatar', 'gymnasium'),
-    'test': ('pytest', 'pytest_timeout', 'tqdm', 'matplotlib'),
+    'test': ('pytest', 'pytest_timeout', 'tqdm', 'matplotlib', 'mypy'),
 }
 
 
-def _findable(module):
+def _findable(module: str) -> bool:
     if module in sys.modules:
         return sys.modules[module] is not None      # None: blocked (an import of it fails)
     try:
@@ -33,12 +33,12 @@ def _findable(module):
     return spec is not None and spec.origin is not None
 
 
-def missing_modules(extra):
+def missing_modules(extra: str) -> list[str]:
     """The modules of ``extra`` (a key of ``EXTRA_MODULES``) that can not be imported."""
     return [m for m in EXTRA_MODULES[extra] if not _findable(m)]
 
 
-def extra_import_error(feature, extra, err):
+def extra_import_error(feature: str, extra: str, err: BaseException) -> ImportError:
     """The ImportError to raise (``from err``) when ``feature`` needs ``extra`` and ``err`` says
     one of its modules is missing or broken."""
     return ImportError(f"{feature} needs the {extra} extra ({err}): "

@@ -6,6 +6,7 @@ Ray or any other extra (see ``expreplay._extras``).
 
 import importlib
 import platform
+from typing import Any
 
 import numpy as np
 
@@ -19,7 +20,7 @@ KERNELS = {
 }
 
 
-def _kernel_active(name):
+def _kernel_active(name: str) -> bool:
     # The same test the modules using a kernel make: they fall back to numpy on ImportError.
     try:
         importlib.import_module(f'expreplay.storage.{name}')
@@ -28,7 +29,7 @@ def _kernel_active(name):
     return True
 
 
-def info():
+def info() -> dict[str, Any]:
     """A dict: ``version``, ``python``, ``numpy``, ``kernels`` (kernel name -> active),
     ``extras`` (extra name -> all its modules importable) and ``missing`` (extra name -> its
     modules that are not, for the extras that are not complete)."""
@@ -44,7 +45,7 @@ def info():
     }
 
 
-def report(data=None):
+def report(data: dict[str, Any] | None = None) -> str:
     """``info()`` as the lines ``python -m expreplay`` prints."""
     data = info() if data is None else data
     lines = [f"expreplay {data['version']} (Python {data['python']}, numpy {data['numpy']})",

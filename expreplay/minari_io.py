@@ -18,11 +18,17 @@ functions is called, never by ``import expreplay``.
 """
 
 import shutil
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .storage._inputs import check_extras
 from .storage.memory import ReplayMemory
+
+if TYPE_CHECKING:
+    import minari
 
 __all__ = ['export_minari', 'load_minari']
 
@@ -50,9 +56,11 @@ def _storage_import_error(err):
 
 
 # ---------------------------------------------------------------------------------- export
-def export_minari(memory, dataset_id, *, env=None, observation_space=None, action_space=None,
-                  algorithm_name='expreplay', author=None, description=None, data_format=None,
-                  **minari_kwargs):
+def export_minari(memory: ReplayMemory, dataset_id: str, *, env: Any = None,
+                  observation_space: Any = None, action_space: Any = None,
+                  algorithm_name: str = 'expreplay', author: str | None = None,
+                  description: str | None = None, data_format: str | None = None,
+                  **minari_kwargs: Any) -> 'minari.MinariDataset':
     """Write the memory's complete episodes as a new Minari dataset.
 
     Every episode whose first observation and final step (terminated or truncated) are both
@@ -110,64 +118,76 @@ def export_minari(memory, dataset_id, *, env=None, observation_space=None, actio
     if not isinstance(memory, ReplayMemory):
         raise TypeError(f"memory must be a ReplayMemory, got {type(memory).__name__}")
     dataset_path = _check_new_dataset_id(dataset_id)
-
-    made_env = None
+    env, made_env = _env_instance(env, gym)
     try:
         if env is not None:
-            if isinstance(env, (str, gym.envs.registration.EnvSpec)):
-                # Make it once here (for its spaces) and hand the instance to Minari, which
-                # would otherwise make it a second time.
-                env = made_env = gym.make(env)
-            elif not isinstance(env, gym.Env):
-                raise TypeError(
-                    f"env must be a gymnasium.Env, an env id or an EnvSpec, got "
-                    f"{type(env).__name__}; for other envs pass observation_space and "
-                    "action_space instead")
-            if observation_space is None:
-                observation_space = env.observation_space
-            if action_space is None:
-                action_space = env.action_space
-
+            observation_space = env.observation_space if observation_space is None else observation_space
+            action_space = env.action_space if action_space is None else action_space
         obs_space = _observation_space_for(memory, observation_space, gym)
-        if action_space is None:
-            action_space, count = _infer_action_space(memory, gym)
-            if count == 0:
-                raise _no_episodes_error(memory)
-        elif not isinstance(action_space, gym.spaces.Discrete):
-            raise TypeError(f"action_space must be gymnasium.spaces.Discrete (a ReplayMemory "
-                            f"stores integer actions), got {action_space}")
-
-        chunks = _episode_chunks(memory, obs_space, action_space, minari)
-        first = next(chunks, None)
-        if first is None:
-            raise _no_episodes_error(memory)
-        if description is None:
-            description = (f"Complete episodes exported from an expreplay ReplayMemory "
-                           f"(state_shape={memory.state_shape}, dtype={memory.dtype}).")
-        kwargs = dict(minari_kwargs)
-        if data_format is not None:
-            kwargs['data_format'] = data_format
-        kwargs.setdefault('jpeg_encoding', False)
-        _check_jpeg_supported(minari, kwargs, obs_space)
-
-        try:
-            dataset = minari.create_dataset_from_buffers(
-                dataset_id, first, env=env, observation_space=obs_space,
-                action_space=action_space, algorithm_name=algorithm_name, author=author,
-                description=description, **kwargs)
-            for chunk in chunks:
-                dataset.update_dataset_from_buffer(chunk)
-        except BaseException as err:
-            # The id was checked to be new, so whatever is at its path now is our partial
-            # dataset: remove it rather than leave a half-written one that blocks the id.
-            shutil.rmtree(dataset_path, ignore_errors=True)
-            if isinstance(err, ImportError):
-                raise _storage_import_error(err) from err
-            raise
-        return dataset
+        action_space = _action_space_for(memory, action_space, gym)
+        kwargs = dict(minari_kwargs, env=env, observation_space=obs_space,
+                      action_space=action_space, algorithm_name=algorithm_name, author=author,
+                      description=description, data_format=data_format)
+        return _create_dataset(minari, memory, dataset_id, dataset_path, kwargs)
     finally:
         if made_env is not None:
             made_env.close()
+
+
+def _env_instance(env: Any, gym: Any) -> tuple[Any, Any]:
+    """``env`` as a gymnasium env (or None), and the env made here from an id or spec (to close)."""
+    if env is None or isinstance(env, gym.Env):
+        return env, None
+    if isinstance(env, (str, gym.envs.registration.EnvSpec)):
+        # Make it once here (for its spaces) and hand the instance to Minari, which would
+        # otherwise make it a second time.
+        made = gym.make(env)
+        return made, made
+    raise TypeError(
+        f"env must be a gymnasium.Env, an env id or an EnvSpec, got "
+        f"{type(env).__name__}; for other envs pass observation_space and "
+        "action_space instead")
+
+
+def _action_space_for(memory: ReplayMemory, space: Any, gym: Any) -> Any:
+    """The Discrete space the dataset declares: the given one, or one inferred from the memory."""
+    if space is None:
+        space, count = _infer_action_space(memory, gym)
+        if count == 0:
+            raise _no_episodes_error(memory)
+    elif not isinstance(space, gym.spaces.Discrete):
+        raise TypeError(f"action_space must be gymnasium.spaces.Discrete (a ReplayMemory "
+                        f"stores integer actions), got {space}")
+    return space
+
+
+def _create_dataset(minari: Any, memory: ReplayMemory, dataset_id: str, dataset_path: Any,
+                    kwargs: dict[str, Any]) -> Any:
+    """Create the dataset from the memory's first chunk of episodes and add the others to it;
+    ``kwargs``: for ``minari.create_dataset_from_buffers``."""
+    chunks = _episode_chunks(memory, kwargs['observation_space'], kwargs['action_space'], minari)
+    first = next(chunks, None)
+    if first is None:
+        raise _no_episodes_error(memory)
+    if kwargs['description'] is None:
+        kwargs['description'] = (f"Complete episodes exported from an expreplay ReplayMemory "
+                                 f"(state_shape={memory.state_shape}, dtype={memory.dtype}).")
+    if kwargs['data_format'] is None:
+        del kwargs['data_format']            # Minari's default
+    kwargs.setdefault('jpeg_encoding', False)
+    _check_jpeg_supported(minari, kwargs, kwargs['observation_space'])
+    try:
+        dataset = minari.create_dataset_from_buffers(dataset_id, first, **kwargs)
+        for chunk in chunks:
+            dataset.update_dataset_from_buffer(chunk)
+    except BaseException as err:
+        # The id was checked to be new, so whatever is at its path now is our partial
+        # dataset: remove it rather than leave a half-written one that blocks the id.
+        shutil.rmtree(dataset_path, ignore_errors=True)
+        if isinstance(err, ImportError):
+            raise _storage_import_error(err) from err
+        raise
+    return dataset
 
 
 def _check_new_dataset_id(dataset_id):
@@ -196,6 +216,8 @@ def _check_new_dataset_id(dataset_id):
 def _observation_space_for(memory, space, gym):
     """The Box the dataset declares: the given one checked against the memory, or a new one."""
     shape, dtype = memory.state_shape, memory.dtype
+    low: Any
+    high: Any
     if space is None:
         if dtype.kind == 'b':
             low, high = False, True
@@ -302,8 +324,9 @@ def _no_episodes_error(memory):
 
 
 # ---------------------------------------------------------------------------------- import
-def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dtype=None,
-                extra_fields=None):
+def load_minari(dataset_or_id: 'minari.MinariDataset | str', memory: ReplayMemory | None = None, *,
+                max_size: int | None = None, history_len: int = 4, dtype: DTypeLike | None = None,
+                extra_fields: Mapping[str, DTypeLike] | None = None) -> ReplayMemory:
     """Fill a ReplayMemory with every episode of a Minari dataset (demonstrations, say).
 
     Each episode is written with one :class:`~expreplay.LaneWriter`, step by step: the first
@@ -348,34 +371,15 @@ def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dty
     does not list them. Episodes of zero steps carry no transition and are skipped.
     """
     minari, gym = _import_minari()
-    if isinstance(dataset_or_id, str):
-        try:
-            dataset = minari.load_dataset(dataset_or_id)
-        except ImportError as err:
-            raise _storage_import_error(err) from err
-    elif isinstance(dataset_or_id, minari.MinariDataset):
-        dataset = dataset_or_id
-    else:
-        raise TypeError(f"dataset_or_id must be a minari.MinariDataset or a dataset id, got "
-                        f"{type(dataset_or_id).__name__}")
+    dataset = _open_dataset(dataset_or_id, minari)
     name = f"dataset {dataset.id!r}"
-
-    action_space = dataset.action_space
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise TypeError(f"{name} has action_space {action_space}: a ReplayMemory stores one "
-                        "integer action per step, so only Discrete action spaces can be loaded")
-    obs_space = dataset.observation_space
-    if not isinstance(obs_space, gym.spaces.Box) or not 1 <= len(obs_space.shape) <= 3:
-        raise TypeError(f"{name} has observation_space {obs_space}: only Box observations of "
-                        "rank 1 to 3 can be loaded into a ReplayMemory")
-    shape = tuple(obs_space.shape)
-
+    shape, obs_dtype = _dataset_observations(dataset, gym, name)
     if memory is None:
         if max_size is None:
             # Every episode takes its steps plus one slot for its final observation.
             max_size = max(int(dataset.total_steps) + len(dataset), history_len + 1)
         memory = ReplayMemory(max_size, shape, history_len,
-                              dtype=obs_space.dtype if dtype is None else dtype,
+                              dtype=obs_dtype if dtype is None else dtype,
                               extra_fields=extra_fields)
     else:
         if not isinstance(memory, ReplayMemory):
@@ -386,8 +390,7 @@ def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dty
         if memory.state_shape != shape:
             raise ValueError(f"memory has state_shape {memory.state_shape}, but the "
                              f"observations of {name} have shape {shape}")
-        _check_dtype_fits(memory.dtype, np.dtype(obs_space.dtype), name)
-
+        _check_dtype_fits(memory.dtype, obs_dtype, name)
     writer = memory.new_writer()
     try:
         for episode in _iterate(dataset):
@@ -395,6 +398,32 @@ def load_minari(dataset_or_id, memory=None, *, max_size=None, history_len=4, dty
     finally:
         writer.close()
     return memory
+
+
+def _open_dataset(dataset_or_id: Any, minari: Any) -> Any:
+    if isinstance(dataset_or_id, str):
+        try:
+            return minari.load_dataset(dataset_or_id)
+        except ImportError as err:
+            raise _storage_import_error(err) from err
+    if isinstance(dataset_or_id, minari.MinariDataset):
+        return dataset_or_id
+    raise TypeError(f"dataset_or_id must be a minari.MinariDataset or a dataset id, got "
+                    f"{type(dataset_or_id).__name__}")
+
+
+def _dataset_observations(dataset: Any, gym: Any, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of the dataset's observations, once its spaces are checked to fit a
+    ReplayMemory."""
+    action_space = dataset.action_space
+    if not isinstance(action_space, gym.spaces.Discrete):
+        raise TypeError(f"{name} has action_space {action_space}: a ReplayMemory stores one "
+                        "integer action per step, so only Discrete action spaces can be loaded")
+    obs_space = dataset.observation_space
+    if not isinstance(obs_space, gym.spaces.Box) or not 1 <= len(obs_space.shape) <= 3:
+        raise TypeError(f"{name} has observation_space {obs_space}: only Box observations of "
+                        "rank 1 to 3 can be loaded into a ReplayMemory")
+    return tuple(obs_space.shape), np.dtype(obs_space.dtype)
 
 
 def _iterate(dataset):

@@ -12,11 +12,15 @@ imported*. Importing this module sets it when TensorFlow is not imported yet, an
 fix when TensorFlow was already imported without it.
 """
 
+from __future__ import annotations
+
 import logging
 import numbers
 import os
 import sys
 import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Literal
 
 from ._extras import extra_import_error
 
@@ -60,8 +64,12 @@ try:
 except ImportError as err:
     raise extra_import_error('ExpReplay', 'tensorpack', err) from err
 
-from ._checks import check_int  # noqa: E402
-from .stream.replay_stream import DEFAULT_PREFETCH, REPLAY_ARGS_DOC, ReplayStream  # noqa: E402
+from ._checks import check_dtype, check_int  # noqa: E402
+from .acting.population import Population  # noqa: E402
+from .storage.memory import ReplayMemory  # noqa: E402
+from .stream.checkpoint import MemoryCheckpoint  # noqa: E402
+from .stream.replay_stream import DEFAULT_PREFETCH, ReplayStream  # noqa: E402
+from .stream.sampling import Sampling  # noqa: E402
 
 __all__ = ['ExpReplay']
 
@@ -71,7 +79,7 @@ class _ToTensorpackLog(logging.Handler):
     log, where a tensorpack user looks; not when the application set up logging itself (the
     root logger has handlers), which then shows them as it chose."""
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         if not logging.getLogger().handlers:
             logging.getLogger('tensorpack').handle(record)
 
@@ -87,7 +95,22 @@ def _show_expreplay_log_in_tensorpack():
 _show_expreplay_log_in_tensorpack()
 
 
-def _tensorpack_progress(total, desc):
+def _memory(checkpoint_dir: str | os.PathLike | None, max_size: int,
+            state_shape: tuple[int, ...], history_len: int, dtype: Any,
+            **prioritized: Any) -> ReplayMemory:
+    """The memory saved in ``checkpoint_dir`` (refused naming the setting if it differs from
+    these), else a new one."""
+    if checkpoint_dir is not None:
+        # extra_fields={}: the runners write none. alpha and priority_eps are compared only
+        # when either memory is prioritized.
+        loaded = MemoryCheckpoint(checkpoint_dir).load(max_size, state_shape, history_len, dtype,
+                                                      extra_fields={}, **prioritized)
+        if loaded is not None:
+            return loaded
+    return ReplayMemory(max_size, state_shape, history_len, dtype, **prioritized)
+
+
+def _tensorpack_progress(total: int, desc: str) -> Any:
     # tensorpack's own bar style, so the fill looks like the epochs that follow it.
     return get_tqdm(total=total, desc=desc)
 
@@ -96,12 +119,16 @@ class ExpReplay(DataFlow, Callback):
     """Experience replay for DQN in tensorpack: a :class:`DataFlow` of batches and a :class:`Callback`.
 
     Arguments are those of tensorpack's ``examples/DeepQNetwork/expreplay.py``, plus keyword
-    arguments with defaults. As a **DataFlow** it yields ``[comb_state, action, reward, isOver]``
-    batches forever, once the memory holds ``init_memory_size`` transitions, and per batch it
-    has ``update_frequency`` transitions inserted: ``batch_size`` sampled transitions per
-    ``update_frequency`` inserted ones, whatever the player (see :mod:`expreplay.stream` for
-    the exact bound; its prefetch thread draws the batches ahead, ``prefetch``). It is
-    not fork-safe: use it with ``QueueInput`` or ``FeedInput``, not a multiprocess prefetcher.
+    arguments with defaults; it builds the :class:`~expreplay.ReplayMemory`, the
+    :class:`~expreplay.acting.population.Population` and the
+    :class:`~expreplay.stream.sampling.Sampling` of a :class:`~expreplay.stream.ReplayStream`
+    from them (:attr:`stream`). As a **DataFlow** it yields ``[comb_state, action, reward,
+    isOver]`` batches forever, once the memory holds ``init_memory_size`` transitions, and per
+    batch it has ``update_frequency`` transitions inserted: ``batch_size`` sampled transitions
+    per ``update_frequency`` inserted ones, whatever the player (see
+    :mod:`expreplay.stream.replay_stream` for the exact bound; its prefetch thread draws the
+    batches ahead, ``prefetch``). It is not fork-safe: use it with ``QueueInput`` or
+    ``FeedInput``, not a multiprocess prefetcher.
 
     As a **Callback** it takes its predictor from the trainer (``_setup_graph``), builds
     ``num_parallel_players`` runners and fills the memory before training (``_before_train``),
@@ -117,46 +144,38 @@ class ExpReplay(DataFlow, Callback):
         predictor_io_names (tuple[list[str], list[str]]): input and output tensor names of the
             Q-network, e.g. ``(['state'], ['Qvalue'])``, passed to ``trainer.get_predictor``.
             A callable is accepted too and used as the predictor as is (no trainer needed).
-        get_player (callable): returns a new environment: a gymnasium Env, an old-gym-API env
-            (``reset() -> obs``, 4-tuple ``step``) or a gymnasium VectorEnv.
-        num_parallel_players (int): environments, each stepped by its own thread.
-        state_shape (tuple): shape of one observation frame (without history).
+        get_player (callable): returns a new environment (see ``Population``'s ``get_player``);
+            one is built here, to check its observation space against ``state_shape`` and
+            ``state_dtype``.
+        num_parallel_players (int): the Population's ``num_players``.
+        state_shape (tuple): shape of one observation frame (without history); the memory's.
         batch_size (int): transitions per batch.
-        memory_size (int): transitions kept in the replay memory.
+        memory_size (int): transitions kept in the replay memory (its ``max_size``).
         init_memory_size (int): transitions in the memory before training starts.
         update_frequency (int): transitions inserted per batch (whatever the player).
         history_len (int): frames per state.
-        state_dtype: numpy dtype of the stored frames.
+        state_dtype: numpy dtype of the stored frames (the memory's ``dtype``).
         maximum_staleness (int): step requests that may be pending; ``2 * update_frequency``
             by default, as the reference.
         exploration (float): initial epsilon (1.0, as the reference).
         seed (int): seeds the batch sampling and the environments' first resets.
-        layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
-            ``'NCHW'`` (frames first, for models that transpose on the device).
+        layout, n_step, gamma, beta, samples_per_insert: the
+            :class:`~expreplay.stream.sampling.Sampling`'s.
+        prioritized, alpha, priority_eps: the :class:`~expreplay.ReplayMemory`'s.
         checkpoint_dir (str): directory for the memory checkpoint. A training started with a
-            directory that holds one loads it instead of filling the memory again; the memory
-            is saved there when training ends.
+            directory that holds one loads it instead of filling the memory again (it must
+            have these settings, ``alpha`` and ``priority_eps`` included); the memory is saved
+            there when training ends.
         checkpoint_every_k_epochs (int): also save the memory every k epochs (e.g. as often
             as ``ModelSaver`` saves the model, so that a crash resumes from a matching pair).
             None: only at the end.
-        runner_kwargs (dict): extra keyword arguments for every :class:`~expreplay.EnvRunner`
-            (e.g. ``life_loss_terminal=True`` for Atari).
-        manager_kwargs (dict): extra keyword arguments for the
-            :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts=3``); ``close_timeout``
-            defaults to 60 s here: training ends only once every thread is joined.
-            ``simulator_threads`` keeps the manager's default (single-env players share one
-            pipelined thread: it steps them in two groups while the other group's forward pass
-            runs; each vector player gets its own); ``num_parallel_players`` gives one thread
-            per player (players that release the GIL, with cores to spare).
-        episode_starts: an episode-start scheduler for all runners (seed schedules, a
-            curriculum, a restart pool: see :mod:`expreplay.acting.episodes`).
-        episode_log_dir (str): where ``episodes.jsonl`` (one record per finished episode,
-            flushed and fsync'd as it finishes) is written. None (default): tensorpack's log
-            directory (``logger.get_logger_dir()``, read when training starts), if one is set;
-            False: no episode log.
-        on_episode_end (callable): called with every
-            :class:`~expreplay.acting.episodes.EpisodeRecord`, from the simulator threads.
-REPLAY_ARGS
+        runner_kwargs, episode_starts, on_episode_end: the Population's.
+        manager_kwargs (dict): the Population's; ``close_timeout`` defaults to 60 s here:
+            training ends only once every thread is joined.
+        episode_log_dir (str): the Population's, where ``episodes.jsonl`` is written. None
+            (default): tensorpack's log directory (``logger.get_logger_dir()``, read when
+            training starts), if one is set; False: no episode log.
+        prefetch (int): the ReplayStream's.
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,
@@ -171,84 +190,117 @@ REPLAY_ARGS
     step, chained to the original.
     """
 
-    def __init__(self, predictor_io_names, get_player, num_parallel_players, state_shape,
-                 batch_size, memory_size, init_memory_size, update_frequency, history_len,
-                 state_dtype='uint8', maximum_staleness=None, *, exploration=1.0, seed=None,
-                 layout='NHWC', checkpoint_dir=None, checkpoint_every_k_epochs=None,
-                 runner_kwargs=None, manager_kwargs=None, episode_starts=None,
-                 episode_log_dir=None, on_episode_end=None, n_step=1, gamma=0.99,
-                 prioritized=False, alpha=0.6, priority_eps=1e-6, beta=None,
-                 samples_per_insert=None, prefetch=DEFAULT_PREFETCH):
-        if callable(predictor_io_names):
-            predictor, self.predictor_io_names = predictor_io_names, None
-        else:
-            predictor, self.predictor_io_names = None, predictor_io_names
-            # Fail here, not in the middle of the trainer's setup.
-            if isinstance(predictor_io_names, (str, bytes)) or \
-                    not isinstance(predictor_io_names, (tuple, list)) or len(predictor_io_names) != 2:
-                raise ValueError("predictor_io_names must be (input names, output names), e.g. "
-                                 f"(['state'], ['Qvalue']), or a callable; got {predictor_io_names!r}")
+    def __init__(self, predictor_io_names: Any, get_player: Callable[[], Any],
+                 num_parallel_players: int, state_shape: tuple[int, ...], batch_size: int,
+                 memory_size: int, init_memory_size: int, update_frequency: int | None,
+                 history_len: int, state_dtype: Any = 'uint8',
+                 maximum_staleness: int | None = None, *, exploration: float = 1.0,
+                 seed: int | None = None, layout: str = 'NHWC',
+                 checkpoint_dir: str | os.PathLike | None = None,
+                 checkpoint_every_k_epochs: int | None = None,
+                 runner_kwargs: Mapping[str, Any] | None = None,
+                 manager_kwargs: Mapping[str, Any] | None = None, episode_starts: Any = None,
+                 episode_log_dir: str | os.PathLike | Literal[False] | None = None,
+                 on_episode_end: Callable[[Any], None] | None = None, n_step: int = 1,
+                 gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
+                 priority_eps: float = 1e-6, beta: Any = None,
+                 samples_per_insert: float | None = None,
+                 prefetch: int = DEFAULT_PREFETCH) -> None:
+        predictor = self._take_predictor(predictor_io_names)
         if checkpoint_every_k_epochs is not None:
             if checkpoint_dir is None:
                 raise ValueError("checkpoint_every_k_epochs needs a checkpoint_dir")
             checkpoint_every_k_epochs = check_int(checkpoint_every_k_epochs,
                                                   'checkpoint_every_k_epochs', 1, allow_float=True)
         self.checkpoint_every_k_epochs = checkpoint_every_k_epochs
+        # The reference's names, checked here: the parts built below name theirs.
+        num_parallel_players = check_int(num_parallel_players, 'num_parallel_players', 1,
+                                         allow_float=True)
+        memory_size = check_int(memory_size, 'memory_size', 1, allow_float=True)
+        state_dtype = check_dtype(state_dtype, 'state_dtype')
+        sampling = Sampling(batch_size, update_frequency, samples_per_insert=samples_per_insert,
+                            n_step=n_step, gamma=gamma, beta=beta, layout=layout, seed=seed)
+        if maximum_staleness is None:
+            maximum_staleness = 2 * sampling.steps_per_batch    # as the reference
         # At the end of training, waiting for a simulator thread to finish its env step or
         # predictor call is cheap, and a thread left running would call a closed Session.
         manager_kwargs = dict({'close_timeout': 60.0}, **(manager_kwargs or {}))
-        self.stream = ReplayStream(
-            predictor, get_player, num_parallel_players, state_shape, batch_size, memory_size,
-            init_memory_size, update_frequency, history_len, state_dtype,
-            maximum_staleness=maximum_staleness, exploration=exploration, seed=seed,
-            layout=layout, checkpoint_dir=checkpoint_dir, progress=_tensorpack_progress,
-            runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs,
-            episode_starts=episode_starts, on_episode_end=on_episode_end,
-            episode_log_dir=episode_log_dir or None, n_step=n_step, gamma=gamma,
-            prioritized=prioritized, alpha=alpha, priority_eps=priority_eps, beta=beta,
-            samples_per_insert=samples_per_insert, prefetch=prefetch)
+        population = Population(
+            get_player, num_parallel_players, predictor, exploration=exploration,
+            maximum_staleness=maximum_staleness, seed=seed, episode_starts=episode_starts,
+            episode_log_dir=episode_log_dir or None, on_episode_end=on_episode_end,
+            runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs)
+        memory = _memory(checkpoint_dir, memory_size, state_shape, history_len, state_dtype,
+                         prioritized=prioritized, alpha=alpha, priority_eps=priority_eps)
+        try:
+            # Named as the caller named them (the stream checks again, by the memory's names).
+            population.check_fits(memory.state_shape, memory.dtype, shape_arg='state_shape',
+                                  dtype_arg='state_dtype')
+            self.stream = ReplayStream(memory, population, sampling, init_memory_size,
+                                       prefetch=prefetch, checkpoint_dir=checkpoint_dir,
+                                       progress=_tensorpack_progress)
+        except BaseException:
+            population.close()     # the player built for the check
+            raise
         # None: follow tensorpack's log directory, which scripts usually set after building
         # the dataflow, so it is read in _before_train.
         self._episode_log_follows_logger = episode_log_dir is None
-        self._fault = None            # a simulator fault seen by the DataFlow (EnqueueThread)
+        self._fault: BaseException | None = None   # a simulator fault seen by the DataFlow
         self._fault_raised = False
-        if self.stream.resumed:
+        if self.stream.resumed and self.stream.checkpoint is not None:
             logger.info("ExpReplay resumes with %d transitions from %s; the initial fill only adds "
                         "what init_memory_size still asks for.",
                         len(self.stream.memory), self.stream.checkpoint.path)
 
+    def _take_predictor(self, predictor_io_names: Any) -> Callable[..., Any] | None:
+        """The predictor when ``predictor_io_names`` is one; else checks the names, kept for
+        ``_setup_graph``."""
+        if callable(predictor_io_names):
+            self.predictor_io_names = None
+            return predictor_io_names
+        self.predictor_io_names = predictor_io_names
+        # Fail here, not in the middle of the trainer's setup.
+        if isinstance(predictor_io_names, (str, bytes)) or \
+                not isinstance(predictor_io_names, (tuple, list)) or len(predictor_io_names) != 2:
+            raise ValueError("predictor_io_names must be (input names, output names), e.g. "
+                             f"(['state'], ['Qvalue']), or a callable; got {predictor_io_names!r}")
+        return None
+
     # The reference's attribute names, kept for scripts that read them.
     @property
-    def mem(self):
+    def mem(self) -> ReplayMemory:
         """The :class:`~expreplay.ReplayMemory`."""
         return self.stream.memory
 
     @property
-    def exploration(self):
+    def exploration(self) -> float:
         """Epsilon of the epsilon-greedy runners; assigning it reaches them at their next step."""
         return self.stream.exploration
 
     @exploration.setter
-    def exploration(self, value):
+    def exploration(self, value: float) -> None:
         self.stream.exploration = float(value)
 
     @property
-    def predictor(self):
+    def predictor(self) -> Callable[..., Any] | None:
         return self.stream.predictor
 
     @predictor.setter
-    def predictor(self, predictor):
+    def predictor(self, predictor: Callable[..., Any] | None) -> None:
         self.stream.set_predictor(predictor)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # Read-only access to the constructor arguments (batch_size, history_len, ...), as the
         # reference stores them all as attributes. Only called when normal lookup fails.
-        if name != 'stream' and name in _STREAM_ATTRIBUTES:
-            return getattr(self.stream, name)
+        where = _REFERENCE_ATTRIBUTES.get(name)
+        if where is not None and name != 'stream':
+            part, attribute = where
+            owner = self.stream if part == 'stream' else getattr(self.stream, part)
+            return getattr(owner, attribute)
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ DataFlow
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         # Runs in tensorpack's EnqueueThread, which starts before _before_train: wait for the fill.
         if not self.stream.wait_ready():
             raise DataFlowTerminated()
@@ -267,7 +319,7 @@ REPLAY_ARGS
         # The stream ends only when it is closed: tell the EnqueueThread to exit quietly.
         raise DataFlowTerminated()
 
-    def __len__(self):
+    def __len__(self) -> int:
         raise NotImplementedError("ExpReplay yields batches forever")
 
     # ------------------------------------------------------------------ Callback
@@ -277,7 +329,7 @@ REPLAY_ARGS
 
     def _before_train(self):
         if self._episode_log_follows_logger:
-            self.stream.episode_log_dir = logger.get_logger_dir()
+            self.stream.population.episode_log_dir = logger.get_logger_dir()
         self.stream.start()
 
     def _trigger_step(self):
@@ -311,18 +363,14 @@ REPLAY_ARGS
                 # input queue as if the data had run out. Say why.
                 logger.error("ExpReplay: training stopped because the replay failed: %r", self._fault)
 
-    def save_memory(self):
+    def save_memory(self) -> None:
         """Save the memory to ``checkpoint_dir`` now."""
         self.stream.save_memory()
 
-    def update_priorities(self, indices, priorities):
+    def update_priorities(self, indices: Any, priorities: Any) -> int:
         """New priorities for a batch's ``indices`` (see :meth:`ReplayStream.update_priorities`);
         :class:`PriorityFeedback` in ``examples/dqn_model.py`` calls it after every step."""
         return self.stream.update_priorities(indices, priorities)
-
-
-if ExpReplay.__doc__:   # None under python -OO
-    ExpReplay.__doc__ = ExpReplay.__doc__.replace('REPLAY_ARGS\n', REPLAY_ARGS_DOC)
 
 
 # (monitor name under 'expreplay/', key of ReplayStream.stats())
@@ -340,9 +388,29 @@ _MONITORED = (
     ('restart_starts', 'restart_starts'),
 )
 
-_STREAM_ATTRIBUTES = frozenset([
-    'get_player', 'num_parallel_players', 'state_shape', 'batch_size', 'memory_size',
-    'init_memory_size', 'update_frequency', 'history_len', 'state_dtype', 'maximum_staleness',
-    'seed', 'layout', 'checkpoint', 'episode_starts', 'episode_log', 'episode_totals',
-    'n_step', 'gamma', 'prioritized', 'beta', 'samples_per_insert', 'rate_limiter',
-    'named_batches', 'prefetch'])
+# The reference's attribute name -> (the part of the stream that owns it, its name there).
+_REFERENCE_ATTRIBUTES = {
+    'get_player': ('population', 'get_player'),
+    'num_parallel_players': ('population', 'num_players'),
+    'maximum_staleness': ('population', 'maximum_staleness'),
+    'seed': ('population', 'seed'),
+    'episode_starts': ('population', 'episode_starts'),
+    'episode_log': ('population', 'episode_log'),
+    'episode_totals': ('population', 'episode_totals'),
+    'state_shape': ('memory', 'state_shape'),
+    'memory_size': ('memory', 'max_size'),
+    'history_len': ('memory', 'history_len'),
+    'state_dtype': ('memory', 'dtype'),
+    'prioritized': ('memory', 'prioritized'),
+    'batch_size': ('sampling', 'batch_size'),
+    'update_frequency': ('sampling', 'update_frequency'),
+    'samples_per_insert': ('sampling', 'samples_per_insert'),
+    'layout': ('sampling', 'layout'),
+    'n_step': ('sampling', 'n_step'),
+    'gamma': ('sampling', 'gamma'),
+    'beta': ('sampling', 'beta'),
+    'init_memory_size': ('stream', 'init_memory_size'),
+    'checkpoint': ('stream', 'checkpoint'),
+    'rate_limiter': ('stream', 'rate_limiter'),
+    'prefetch': ('stream', 'prefetch'),
+}

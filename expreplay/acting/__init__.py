@@ -20,6 +20,7 @@ from .runner import EnvRunner
 from ..errors import CallTimeout, EnvError, ManagerClosed, PredictorError, RunnerError
 from .inference import InferenceThread
 from .manager import EnvRunnerManager
+from .population import Population
 
 __all__ = ['EnvRunner', 'EnvRunnerManager', 'ActingGroup', 'InferenceThread', 'RunnerError',
            'EnvError', 'PredictorError', 'ManagerClosed', 'CallTimeout']

@@ -18,7 +18,7 @@ import numpy as np
 try:  # optional, built by setup.py when a C compiler is available
     from . import _gather_ext
 except ImportError:
-    _gather_ext = None
+    _gather_ext = None  # type: ignore[assignment]
 
 LAYOUTS = ('NHWC', 'NCHW')
 

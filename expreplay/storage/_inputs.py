@@ -11,6 +11,7 @@ import math
 import numbers
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .._checks import check_dtype
 
@@ -58,7 +59,7 @@ def check_reward(reward, name='reward'):
     return value
 
 
-def check_rewards(rewards, name='rewards'):
+def check_rewards(rewards: ArrayLike, name: str = 'rewards') -> np.ndarray:
     """``rewards`` (any shape) as float32, refusing non-numbers, NaN, inf and values beyond
     float32's range (which it would store as inf).
 
@@ -86,7 +87,7 @@ def check_rewards(rewards, name='rewards'):
     return arr.astype(np.float32)
 
 
-def check_actions(actions, name='actions'):
+def check_actions(actions: ArrayLike, name: str = 'actions') -> np.ndarray:
     """``actions`` (any shape) as int32, refusing non-integer dtypes and values beyond int32."""
     arr = np.asarray(actions)
     if arr.dtype.kind not in 'iu':
@@ -96,7 +97,7 @@ def check_actions(actions, name='actions'):
     return arr.astype(np.int32)
 
 
-def check_flags(flags, name):
+def check_flags(flags: ArrayLike, name: str) -> np.ndarray:
     """``flags`` (e.g. ``terminated`` of a batch) as a bool array; other dtypes are refused
     (as :func:`~expreplay._checks.check_bool` refuses 'no', 1.0 or NaN for one value)."""
     arr = np.asarray(flags)
@@ -136,12 +137,12 @@ def _unstorable(arr, dtype, what='frames'):
                 return k, f"holds {arr.flat[k]}: a bool memory takes 0 and 1 only"
         return None
     # A float memory.
-    info = np.finfo(dtype)
+    finfo = np.finfo(dtype)
     if src.kind == 'f':
         if src == dtype and np.isfinite(arr).all():
             return None
         with np.errstate(invalid='ignore', over='ignore'):
-            bad = ~(np.abs(arr) <= info.max)
+            bad = ~(np.abs(arr) <= finfo.max)
         if bad.any():
             k = int(np.argmax(bad))
             v = float(arr.flat[k])
@@ -149,9 +150,9 @@ def _unstorable(arr, dtype, what='frames'):
                     else f"{v:g}, beyond the range of {dtype}")
             return k, f"holds {what}, which can not be stored as {dtype}: {what} must be finite"
         return None
-    if src.kind in 'iu' and src.itemsize * 8 > info.nmant + 1:
+    if src.kind in 'iu' and src.itemsize * 8 > finfo.nmant + 1:
         # Exact iff the odd part of |v| has at most nmant + 1 bits (int64 fits float32's range).
-        limit = 2 ** (info.nmant + 1)
+        limit = 2 ** (finfo.nmant + 1)
         big = (arr > limit) | (arr < -limit)
         if big.any():
             v = arr[big]
@@ -166,7 +167,8 @@ def _unstorable(arr, dtype, what='frames'):
     return None
 
 
-def as_frame(obs, state_shape, dtype, name):
+def as_frame(obs: ArrayLike, state_shape: tuple[int, ...], dtype: np.dtype,
+             name: str) -> np.ndarray:
     """``obs`` as an array of ``state_shape`` that can be stored as ``dtype`` without loss.
 
     Raises ValueError (wrong shape, values out of range: integer overflow, NaN or inf or
@@ -184,7 +186,8 @@ def as_frame(obs, state_shape, dtype, name):
     return arr
 
 
-def check_frames(frames, state_shape, dtype, name):
+def check_frames(frames: ArrayLike, state_shape: tuple[int, ...], dtype: np.dtype,
+                 name: str) -> np.ndarray:
     """A batch of frames ``(n, *state_shape)`` that can be stored as ``dtype`` without loss.
 
     The rule of :func:`as_frame` for many frames at once; an error names the first bad frame

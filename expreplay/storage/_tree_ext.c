@@ -18,6 +18,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 #define MAX_DEPTH 64
 
@@ -283,10 +284,127 @@ done:
     return result;
 }
 
+PyDoc_STRVAR(update_live_doc,
+"update_live(sums, mins, fanout, tokens, values, raw, block_gen, flags, block_size, num_slots,\n"
+"            valid_bit) -> (stale, top)\n\n"
+"The tree side of ReplayMemory.update_priorities in one call. A token (int64) is\n"
+"generation * num_slots + slot; it is live when block_gen[slot // block_size] is still its\n"
+"generation and flags[slot] (uint8) has valid_bit. Each live token's leaf is set to values[i]\n"
+"(float64, > 0), the last of repeated slots winning, and the ancestors of the leaves set are\n"
+"recomputed. Returns the count of tokens not live and the largest raw[i] of the tokens whose\n"
+"value was kept (-1.0: none). Raises ValueError, changing nothing, when a token is negative\n"
+"or names a generation newer than its block's.");
+
+static PyObject *update_live(PyObject *self, PyObject *args)
+{
+    PyObject *sums_obj, *mins_obj, *tok_obj, *val_obj, *raw_obj, *gen_obj, *flags_obj;
+    Py_ssize_t k, bs, num_slots;
+    int valid_bit;
+    Levels s, m;
+    Py_buffer vec[4], fb;
+    int got = 0, got_flags = 0;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOnOOOOOnni:update_live", &sums_obj, &mins_obj, &k, &tok_obj,
+                          &val_obj, &raw_obj, &gen_obj, &flags_obj, &bs, &num_slots, &valid_bit))
+        return NULL;
+    if (k < 2 || bs < 1 || num_slots < 1) {
+        PyErr_SetString(PyExc_ValueError, "fanout must be >= 2, block_size and num_slots >= 1");
+        return NULL;
+    }
+    if (get_levels(sums_obj, &s, 1, "sums") < 0)
+        return NULL;
+    if (get_levels(mins_obj, &m, 1, "mins") < 0) {
+        release_levels(&s);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (check_pair(&s, &m) < 0)
+        goto done;
+    PyObject *objs[4] = {tok_obj, val_obj, raw_obj, gen_obj};
+    const char *fmts[4] = {"lqn", "d", "d", "lqn"};
+    const char *names[4] = {"tokens", "values", "raw", "block_gen"};
+    for (; got < 4; got++)
+        if (get_vector(objs[got], &vec[got], fmts[got], 0, names[got]) < 0)
+            goto done;
+    if (PyObject_GetBuffer(flags_obj, &fb, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto done;
+    got_flags = 1;
+    if (fb.ndim != 1 || fb.itemsize != 1) {
+        PyErr_SetString(PyExc_ValueError, "flags must be a 1-D uint8 array");
+        goto done;
+    }
+    const int64_t *tok = vec[0].buf, *gen = vec[3].buf;
+    const double *val = vec[1].buf, *raw = vec[2].buf;
+    const uint8_t *flags = fb.buf;
+    Py_ssize_t n = vec[0].len / 8, depth = s.n - 1;
+    if (vec[1].len / 8 != n || vec[2].len / 8 != n) {
+        PyErr_SetString(PyExc_ValueError, "tokens, values and raw must have the same length");
+        goto done;
+    }
+    if (LEN(&s, depth) < num_slots || fb.len < num_slots || (vec[3].len / 8) * bs < num_slots) {
+        PyErr_SetString(PyExc_ValueError, "the leaves, flags or block_gen are shorter than num_slots");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {      /* check everything before changing anything */
+        if (tok[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "indices must come from sample(): negative index");
+            goto done;
+        }
+        if (tok[i] / num_slots > gen[(tok[i] % num_slots) / bs]) {
+            PyErr_SetString(PyExc_ValueError, "indices must come from sample(): an index names a "
+                            "slot generation this memory has not written");
+            goto done;
+        }
+    }
+    double *ls = DATA(&s, depth), *lm = DATA(&m, depth);
+    Py_ssize_t stale = 0;
+    double top = -1.0;
+    /* Last first, so that the last of repeated slots is the one kept: a kept slot's min leaf is
+       NaN until the pass below (no leaf value is NaN: the caller checked the priorities). */
+    for (Py_ssize_t i = n - 1; i >= 0; i--) {
+        Py_ssize_t slot = tok[i] % num_slots;
+        if (tok[i] / num_slots != gen[slot / bs] || !(flags[slot] & valid_bit)) {
+            stale++;
+            continue;
+        }
+        if (lm[slot] != lm[slot])
+            continue;                          /* a later token of this slot won */
+        ls[slot] = val[i];
+        lm[slot] = NAN;
+        if (raw[i] > top)
+            top = raw[i];
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t slot = tok[i] % num_slots;
+        if (tok[i] / num_slots != gen[slot / bs] || !(flags[slot] & valid_bit))
+            continue;
+        if (lm[slot] != lm[slot])
+            lm[slot] = ls[slot] > 0 ? ls[slot] : INFINITY;
+        Py_ssize_t node = slot;
+        for (Py_ssize_t level = depth - 1; level >= 0; level--) {
+            node /= k;
+            if (recompute(&s, &m, (int)level, node, k) < 0) {
+                PyErr_SetString(PyExc_ValueError, "a level is too short for its parents");
+                goto done;
+            }
+        }
+    }
+    result = Py_BuildValue("nd", stale, top);
+done:
+    if (got_flags)
+        PyBuffer_Release(&fb);
+    while (got > 0)
+        PyBuffer_Release(&vec[--got]);
+    release_levels(&m);
+    release_levels(&s);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"find", find, METH_VARARGS, find_doc},
     {"refresh", refresh, METH_VARARGS, refresh_doc},
     {"refresh_range", refresh_range, METH_VARARGS, refresh_range_doc},
+    {"update_live", update_live, METH_VARARGS, update_live_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -22,14 +22,17 @@ steps enter with, and the memory's hooks (:meth:`PriorityIndex.on_publish`,
 :meth:`PriorityIndex.on_evict`). All its methods run under the memory's lock.
 """
 
+from __future__ import annotations
+
 import math
+from typing import Any
 
 import numpy as np
 
 try:  # optional, built by setup.py when a C compiler is available
     from . import _tree_ext
 except ImportError:
-    _tree_ext = None
+    _tree_ext = None  # type: ignore[assignment]
 
 __all__ = ['SumMinTree', 'PriorityIndex']
 
@@ -42,7 +45,7 @@ class SumMinTree:
         fanout (int): children per node (>= 2).
     """
 
-    def __init__(self, capacity, fanout=32):
+    def __init__(self, capacity: int, fanout: int = 32) -> None:
         if capacity < 1 or fanout < 2:
             raise ValueError(f"capacity must be >= 1 and fanout >= 2, got {capacity}, {fanout}")
         self.capacity = int(capacity)
@@ -72,22 +75,22 @@ class SumMinTree:
         self._sum_levels, self._min_levels = tuple(self._sum), tuple(self._min)
 
     @property
-    def total(self):
+    def total(self) -> float:
         """The sum of all leaves."""
         return float(self._sum[0][0])
 
     @property
-    def min(self):
+    def min(self) -> float:
         """The smallest present (non-zero) leaf; ``inf`` when none is present."""
         return float(self._min[0][0])
 
     @property
-    def leaves(self):
+    def leaves(self) -> np.ndarray:
         """The ``capacity`` leaf values as a writable view (for a checkpoint to read into;
         call :meth:`rebuild` after writing to it)."""
         return self._sum[-1][:self.capacity]
 
-    def rebuild(self):
+    def rebuild(self) -> None:
         """Recompute every inner node (sums and minima) from the leaves.
 
         Inner nodes are always a function of their children alone (see :meth:`set`), so the
@@ -105,11 +108,11 @@ class SumMinTree:
             self._sum[level][:len(rows)] = add(rows, axis=1)
             self._min[level][:len(rows)] = minimum(self._min_rows[level + 1], axis=1)
 
-    def get(self, idx):
+    def get(self, idx: Any) -> np.ndarray:
         """Leaf values at ``idx``."""
         return self._sum[-1][idx]
 
-    def set(self, idx, values):
+    def set(self, idx: Any, values: Any) -> None:
         """Set leaves ``idx`` (int array, no duplicates) to ``values`` (>= 0; 0 removes)."""
         idx = np.asarray(idx, np.int64)
         values = np.asarray(values, np.float64)
@@ -127,7 +130,18 @@ class SumMinTree:
             self._sum[level][idx] = add(self._sum_rows[level + 1][idx], axis=1)
             self._min[level][idx] = minimum(self._min_rows[level + 1][idx], axis=1)
 
-    def clear_range(self, lo, hi):
+    def update_live(self, tokens: np.ndarray, values: np.ndarray, raw: np.ndarray,
+                    block_gen: np.ndarray, flags: np.ndarray, block_size: int,
+                    valid_bit: int) -> tuple[int, float] | None:
+        """:meth:`PriorityIndex.update`'s work in one C call (``_tree_ext.update_live``: see
+        its docstring), or None when this tree has no C kernel."""
+        if self._ext is None:
+            return None
+        return self._ext.update_live(self._sum_levels, self._min_levels, self.fanout, tokens,
+                                     values, raw, block_gen, flags, block_size, self.capacity,
+                                     valid_bit)
+
+    def clear_range(self, lo: int, hi: int) -> None:
         """Remove leaves ``lo .. hi - 1`` (a contiguous run: one slice per level)."""
         if hi <= lo:
             return
@@ -142,7 +156,7 @@ class SumMinTree:
             self._sum[level][lo:hi] = self._sum_rows[level + 1][lo:hi].sum(axis=1)
             self._min[level][lo:hi] = self._min_rows[level + 1][lo:hi].min(axis=1)
 
-    def find(self, u):
+    def find(self, u: Any) -> np.ndarray:
         """The leaf where each prefix sum ``u`` (array in ``[0, total)``) falls.
 
         Leaf ``i`` is returned for ``u`` in ``[sum(leaves[:i]), sum(leaves[:i + 1]))``, so a
@@ -184,7 +198,8 @@ class PriorityIndex:
     # (a long initial fill) does not queue a Python int per step without bound.
     FLUSH_AT = 65536
 
-    def __init__(self, num_slots, alpha, eps, flags, valid_bit):
+    def __init__(self, num_slots: int, alpha: float, eps: float, flags: np.ndarray,
+                 valid_bit: int) -> None:
         self.tree = SumMinTree(num_slots)
         self._flags, self._valid_bit = flags, valid_bit   # the memory's slot flags (VALID)
         self.alpha = float(alpha)
@@ -200,7 +215,7 @@ class PriorityIndex:
                 f"at most {self.max_value:.4g} so that the priority tree's sums stay finite; "
                 f"got {eps!r}")
         self.max_priority = 1.0      # raw priority (before eps and alpha), as in Schaul et al.
-        self._pending = []
+        self._pending: list[int] = []
         self.stale_updates = 0       # update_priorities entries skipped: slot evicted/rewritten
 
     def _raw_bound(self):
@@ -212,7 +227,7 @@ class PriorityIndex:
         except OverflowError:
             return np.inf
 
-    def check_priorities(self, priorities, name='priorities'):
+    def check_priorities(self, priorities: np.ndarray, name: str = 'priorities') -> None:
         """Refuse raw priorities above :attr:`priority_bound`.
 
         The rule: a priority ``p`` is accepted when ``(p + eps) ** alpha``, its value in the
@@ -228,8 +243,75 @@ class PriorityIndex:
                 f"(alpha={self.alpha:g}, {self.tree.capacity} slots) so that the priority "
                 f"tree's sums stay finite; got {float(priorities.max())!r}")
 
+    def check_update(self, indices: Any, priorities: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The arguments of :meth:`ReplayMemory.update_priorities` checked (as documented
+        there) and converted: (int64 tokens, float64 priorities)."""
+        indices, priorities = np.asarray(indices), np.asarray(priorities)
+        if indices.ndim != 1 or (indices.size and indices.dtype.kind not in 'iu'):
+            raise ValueError(f"indices must be a 1-D integer array, got {indices.dtype} "
+                             f"{indices.shape}")
+        if priorities.dtype.kind not in 'iuf' or priorities.shape != indices.shape:
+            raise ValueError(f"priorities must be a real array of the indices' shape "
+                             f"{indices.shape}, got {priorities.dtype} {priorities.shape}")
+        priorities = priorities.astype(np.float64)
+        if priorities.size:
+            # min >= 0 is False for NaN too; max finite rules out +inf.
+            top = float(priorities.max())
+            if not (priorities.min() >= 0 and math.isfinite(top)):
+                raise ValueError("priorities must be finite and >= 0")
+            if top > self.priority_bound:     # the bound that keeps the tree finite
+                self.check_priorities(priorities)
+        indices = indices.astype(np.int64)
+        if indices.size and indices.min() < 0:
+            raise ValueError("indices must come from sample(): negative index")
+        return indices, priorities
+
+    def update(self, tokens: np.ndarray, priorities: np.ndarray, block_gen: np.ndarray,
+               block_size: int) -> int:
+        """Set the priorities of the transitions of sample ``tokens`` (checked by
+        :meth:`check_update`) whose slot still holds them (its block's generation in
+        ``block_gen`` is the token's, and it is VALID); the last of repeated slots wins.
+        Returns the count skipped (added to :attr:`stale_updates`). Under the memory's lock,
+        after :meth:`flush`."""
+        values = (priorities + self.eps) ** self.alpha
+        done = self.tree.update_live(tokens, values, priorities, block_gen, self._flags,
+                                     block_size, self._valid_bit)
+        if done is not None:
+            stale, top = done
+            self.max_priority = max(self.max_priority, top)
+        else:
+            stale = self._update_numpy(tokens, values, priorities, block_gen, block_size)
+        self.stale_updates += stale
+        return stale
+
+    def _update_numpy(self, tokens, values, priorities, block_gen, block_size):
+        slots, gen = np.divmod(tokens, self.tree.capacity)[::-1]
+        current = block_gen[slots // block_size]
+        if tokens.size and (gen > current).any():
+            raise ValueError("indices must come from sample(): an index names a slot "
+                             "generation this memory has not written")
+        live = (gen == current) & ((self._flags[slots] & self._valid_bit) != 0)
+        stale = len(slots) - int(np.count_nonzero(live))
+        if stale:
+            slots, values, priorities = slots[live], values[live], priorities[live]
+        if len(slots) > 1:
+            # Keep the last of repeated slots (numpy's fancy assignment does not promise it):
+            # in a stable sort, the last of equal slots is the last written.
+            order = np.argsort(slots, kind='stable')
+            ordered = slots[order]
+            last = np.empty(len(slots), bool)
+            last[-1] = True
+            np.not_equal(ordered[1:], ordered[:-1], out=last[:-1])
+            if not last.all():
+                order = order[last]
+                slots, values, priorities = slots[order], values[order], priorities[order]
+        if len(slots):
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+            self.tree.set(slots, values)
+        return stale
+
     # -- hooks called by the memory's write path (under its lock)
-    def on_publish(self, slots):
+    def on_publish(self, slots: int | np.ndarray) -> None:
         """Steps from ``slots`` (an int or an int array) became sampleable."""
         if isinstance(slots, (int, np.integer)):
             self._pending.append(int(slots))
@@ -238,7 +320,7 @@ class PriorityIndex:
         if len(self._pending) >= self.FLUSH_AT:
             self.flush()
 
-    def on_evict(self, lo, hi, invalidated=None):
+    def on_evict(self, lo: int, hi: int, invalidated: np.ndarray | None = None) -> None:
         """Slots ``lo .. hi - 1`` (an evicted block) and ``invalidated`` (an int array of
         slots whose history was cut) are no longer sampleable."""
         self.tree.clear_range(lo, hi)
@@ -246,7 +328,7 @@ class PriorityIndex:
             self.tree.set(invalidated, np.zeros(len(invalidated)))
 
     # -- sampling side
-    def flush(self):
+    def flush(self) -> None:
         """Enter the queued steps at the running maximum priority (skipping any that stopped
         being sampleable since they were queued)."""
         if not self._pending:
@@ -257,7 +339,7 @@ class PriorityIndex:
         valid = (self._flags[slots] & self._valid_bit) != 0
         self.tree.set(slots, np.where(valid, value, 0.0))
 
-    def draw(self, n, rng):
+    def draw(self, n: int, rng: Any) -> np.ndarray:
         """``n`` slots drawn with probability proportional to the tree's values."""
         total = self.tree.total
         out = self.tree.find(_uniform(rng, n) * total)
@@ -268,19 +350,12 @@ class PriorityIndex:
             out[bad] = self.tree.find(_uniform(rng, int(bad.sum())) * total)
         raise RuntimeError("prioritized draw kept landing on absent leaves: the tree is corrupt")
 
-    def weights(self, slots, beta):
+    def weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
         """Importance weights ``(N * P(i)) ** -beta / max_j (N * P(j)) ** -beta``.
 
         With ``P(i) = p_i / total`` that is ``(p_i / p_min) ** -beta``: N and the total cancel.
         """
         return (self.tree.get(slots) / self.tree.min) ** -beta
-
-    def priority_values(self, priorities):
-        """Tree values for raw priorities (also raising the running maximum)."""
-        top = float(priorities.max()) if len(priorities) else 0.0
-        if top > self.max_priority:
-            self.max_priority = top
-        return (priorities + self.eps) ** self.alpha
 
 
 def _uniform(rng, n):

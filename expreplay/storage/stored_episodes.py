@@ -2,6 +2,12 @@
 ones it skipped."""
 
 
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
 class StoredEpisodes:
     """The iterator :meth:`expreplay.ReplayMemory.episodes` returns: each complete episode the
     memory held when it was called, read whole when it is reached, and counts of the others.
@@ -21,26 +27,27 @@ class StoredEpisodes:
     EVICTED = 'evicted'
     INCOMPLETE = 'incomplete'
 
-    def __init__(self, starts, read):
+    def __init__(self, starts: Iterable[tuple[int, int]],
+                 read: Callable[[int, int], dict[str, Any] | str]) -> None:
         self._starts = iter(starts)
         self._read = read
         self.yielded = self.evicted = self.incomplete = 0
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, Any]]:
         return self
 
-    def __next__(self):
+    def __next__(self) -> dict[str, Any]:
         for start, generation in self._starts:
             episode = self._read(start, generation)
-            if episode is self.EVICTED:
-                self.evicted += 1
-            elif episode is self.INCOMPLETE:
-                self.incomplete += 1
-            else:
+            if isinstance(episode, dict):
                 self.yielded += 1
                 return episode
+            if episode is self.EVICTED:
+                self.evicted += 1
+            else:
+                self.incomplete += 1
         raise StopIteration
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"StoredEpisodes(yielded={self.yielded}, evicted={self.evicted}, "
                 f"incomplete={self.incomplete})")

@@ -16,8 +16,12 @@ collected (a finalizer queues them; the memory retires them at its next block cl
 collects garbage once before it reports that every block is held).
 """
 
+from __future__ import annotations
+
 import gc
 import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,12 +30,15 @@ from ._inputs import (as_frame, check_action, check_actions, check_extras, check
                       check_frames, check_reward, check_rewards)
 from ._slots import _FREE, _HAS_ACTION, _VALID
 
+if TYPE_CHECKING:
+    from .memory import ReplayMemory
+
 try:  # optional, built by setup.py when a C compiler is available; looked up at call time
     from . import _acting_ext
 except ImportError:
-    _acting_ext = None
+    _acting_ext = None  # type: ignore[assignment]
 
-__all__ = ['BatchWriter', 'LaneWriter']
+__all__ = ['BatchWriter', 'LaneWriter', 'TensorpackAppender']
 
 _LANE0 = np.zeros(1, np.int64)
 _LANE0.flags.writeable = False     # LaneWriter's lanes: known good, not checked again
@@ -70,8 +77,9 @@ class BatchWriter:
     Dropped without :meth:`close`, a writer gives its blocks back once it is garbage collected.
     """
 
-    def __init__(self, memory, num_lanes):
+    def __init__(self, memory: ReplayMemory, num_lanes: int) -> None:
         self.memory = memory
+        self._ring = ring = memory.ring
         self.num_lanes = check_int(num_lanes, 'num_lanes', 1)
         k = self.num_lanes
         self._block = np.full(k, -1, np.int64)
@@ -82,37 +90,42 @@ class BatchWriter:
         self._cur_off = np.full(k, -1, np.int64)
         self._safe = np.zeros(1, np.int64)   # an array: the C kernel counts it down too
         self._closed = False
-        self._bound = None                   # (Store, history, scores, lengths, lives_now)
+        self._bound: tuple | None = None                   # (Store, history, scores, lengths, lives_now)
         # Not a method of self (it would keep the writer alive), and the memory by weak
         # reference (a memory holding its legacy writer would otherwise never be freed).
-        self._finalizer = weakref.finalize(self, _give_back, weakref.ref(memory), self._block)
+        self._finalizer = weakref.finalize(self, _give_back, weakref.ref(ring), self._block)
 
-    def in_episode(self, lanes=None):
+    def in_episode(self, lanes: Any = None) -> np.ndarray:
         """Bool array: which lanes are between an episode's first frame and its end."""
         cur = self._cur_slot if lanes is None else self._cur_slot[lanes]
         return cur >= 0
 
-    def start_episodes(self, lanes, frames, *, checked=False):
+    def lane_in_episode(self, lane: int) -> bool:
+        """Whether ``lane`` is between an episode's first frame and its end."""
+        return bool(self._cur_slot[lane] >= 0)
+
+    def start_episodes(self, lanes: Any, frames: Any, *, checked: bool = False) -> None:
         """Start a new episode in each of ``lanes`` with its first observation ``frames[j]``.
 
         An episode still open in such a lane is abandoned: its steps so far stay sampleable.
         ``checked=True`` skips the frame check (the caller ran :func:`check_frames` itself).
         """
-        mem = self.memory
+        mem, ring = self.memory, self._ring
         lanes = self._lanes(lanes)
         if not checked:
             frames = _batch(check_frames(frames, mem.state_shape, mem.dtype, 'frames'), len(lanes),
                             'frames', ndim=2)
         slots = self._slots(lanes)
-        mem._frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
-        with mem._lock:
-            mem._epstep[slots] = 0
-            mem._flags[slots] = 0
-            mem._block_fill[self._block[lanes]] += 1
+        ring.frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
+        with ring.lock:
+            ring.epstep[slots] = 0
+            ring.flags[slots] = 0
+            ring.block_fill[self._block[lanes]] += 1
         self._advance(lanes, slots, 0)
 
-    def add_steps(self, lanes, actions, rewards, next_frames, terminated, truncated, *, checked=False,
-                  extras=None):
+    def add_steps(self, lanes: Any, actions: Any, rewards: Any, next_frames: Any, terminated: Any,
+                  truncated: Any, *, checked: bool = False,
+                  extras: Mapping[str, Any] | None = None) -> None:
         """Record the step each of ``lanes`` took from its current observation.
 
         Args (arrays of ``len(lanes)``): ``actions`` (integers), ``rewards`` (finite),
@@ -124,7 +137,7 @@ class BatchWriter:
         ``extras``: for a memory with ``extra_fields``, a dict holding every field, each an
         array of ``len(lanes)`` values (always checked, whatever ``checked`` says).
         """
-        mem = self.memory
+        mem, ring = self.memory, self._ring
         lanes = self._lanes(lanes)
         n = len(lanes)
         cur = self._cur_slot[lanes]
@@ -138,7 +151,7 @@ class BatchWriter:
                                  n, 'next_frames', ndim=2)
             terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
             truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
-        if mem._extras or extras:
+        if ring.extras or extras:
             extras = check_extras(extras, mem.extra_fields, n)
         ended = terminated | truncated
         any_end = ended.any()
@@ -152,30 +165,30 @@ class BatchWriter:
         # block now (_cur_off -1), which another writer's claim may evict before we publish.
         careful = (self._cur_off[lanes] < mem.history_len - 1).any()
         epsteps = self._cur_epstep[lanes] + 1
-        mem._frames[slots] = next_frames   # outside the lock (I1, I2)
-        with mem._lock:
-            mem._epstep[slots] = epsteps
-            mem._flags[slots] = 0
-            mem._block_fill[self._block[lanes]] += 1
-            mem._num_steps_written += n
+        ring.frames[slots] = next_frames   # outside the lock (I1, I2)
+        with ring.lock:
+            ring.epstep[slots] = epsteps
+            ring.flags[slots] = 0
+            ring.block_fill[self._block[lanes]] += 1
             if careful:
-                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags, extras)
+                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags, extras, n)
             else:
-                mem._action[cur] = actions
-                mem._reward[cur] = rewards
+                ring.action[cur] = actions
+                ring.reward[cur] = rewards
                 if extras:
                     for name, values in extras.items():
-                        mem._extras[name][cur] = values
-                mem._flags[cur] = flags
-                mem._num_valid += n
-                if mem._priorities is not None:
-                    mem._priorities.on_publish(cur)
+                        ring.extras[name][cur] = values
+                ring.flags[cur] = flags
+                ring.publish(cur, n, n)
         self._advance(lanes, slots, epsteps)
         if any_end:
             self._cur_slot[lanes[ended]] = -1
 
-    def add_steps_with_history(self, lanes, actions, rewards, next_frames, terminated, truncated,
-                               lives, history, scores, lengths, lives_now, *, extras=None):
+    def add_steps_with_history(self, lanes: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                               next_frames: np.ndarray, terminated: np.ndarray,
+                               truncated: np.ndarray, lives: Any, history: Any,
+                               scores: np.ndarray, lengths: np.ndarray, lives_now: np.ndarray, *,
+                               extras: Mapping[str, Any] | None = None) -> bool:
         """The common case of an acting step in one C call (``expreplay.storage._acting_ext``): the
         steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
         companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
@@ -189,17 +202,17 @@ class BatchWriter:
         the memory's lock, so a sampler sees the steps whole."""
         if _acting_ext is None or self._closed:
             return False
-        mem = self.memory
-        if mem._extras or extras:
-            extras = check_extras(extras, mem.extra_fields, len(lanes))
+        ring = self._ring
+        if ring.extras or extras:
+            extras = check_extras(extras, self.memory.extra_fields, len(lanes))
         bound = self._bound
         if bound is None or bound[1] is not history or bound[2] is not scores \
                 or bound[3] is not lengths or bound[4] is not lives_now:
-            bound = self._bound = (self._new_store((history._frames, history._pos, history._base,
+            bound = self._bound = (self.kernel_store((history._frames, history._pos, history._base,
                                                     scores, lengths, lives_now)),
                                    history, scores, lengths, lives_now)
-        prio = mem._priorities
-        with mem._lock:
+        prio = ring.priorities
+        with ring.lock:
             try:
                 # The slots the steps are taken from (published by the kernel), for the hooks.
                 cur = self._cur_slot[lanes] if prio is not None or extras else None
@@ -211,31 +224,28 @@ class BatchWriter:
                 return False
             if extras:
                 for name, values in extras.items():
-                    mem._extras[name][cur] = values
-            if prio is not None:
-                prio.on_publish(cur)
-            mem._num_valid += n
-            mem._num_steps_written += n
+                    ring.extras[name][cur] = values
+            ring.publish(cur, n, n)
         return True
 
-    def close(self):
+    def close(self) -> None:
         """Detach from the memory: every lane's active block is retired. Idempotent."""
-        mem = self.memory
-        with mem._lock:
+        with self._ring.lock:
             self._finalizer.detach()
-            mem._retire_active(self._block)
+            self._ring.retire_active(self._block)
             self._block[:] = -1
             self._cur_slot[:] = -1
             self._closed = True
 
     # ------------------------------------------------------------------ internals
-    def _new_store(self, history_tables=None):
-        """The C kernel's binding to this writer's tables (and an acting group's, if given)."""
-        mem = self.memory
-        fmt = memoryview(mem._frames[:0]).format if mem.dtype.kind in 'iub' else ''
+    def kernel_store(self, history_tables: tuple | None = None) -> Any:
+        """The C kernel's binding (``_acting_ext.Store``) to this writer's tables and the
+        ring's (and an acting group's, if given); only when the kernel is built."""
+        mem, ring = self.memory, self._ring
+        fmt = ring.frames[:0].data.format if mem.dtype.kind in 'iub' else ''
         return _acting_ext.Store(
-            (mem._frames, mem._epstep, mem._flags, mem._action, mem._reward, mem._block_fill,
-             mem._block_gen, mem._block_state, mem._block_prev_intact),
+            (ring.frames, ring.epstep, ring.flags, ring.action, ring.reward, ring.block_fill,
+             ring.block_gen, ring.block_state, ring.block_prev_intact),
             (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block, self._safe,
              self._cur_gen),
             history_tables, fmt, mem.state_shape, mem.history_len, mem.block_size)
@@ -277,18 +287,18 @@ class BatchWriter:
             # which only the cycle collector finds (their finalizers give the blocks back).
             gc.collect()
             self._claim_full_lanes()
-        bs = self.memory.block_size
+        bs = self._ring.block_size
         self._safe[0] = int((self._block * bs + bs - self._next).min())
 
     def _claim_full_lanes(self):
-        mem = self.memory
-        bs = mem.block_size
+        ring = self._ring
+        bs = ring.block_size
         blocks = self._block
         full = np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs))
         if len(full):
-            with mem._lock:
+            with ring.lock:
                 for j in full.tolist():
-                    blocks[j] = mem._claim_block(int(blocks[j]))
+                    blocks[j] = ring.claim_block(int(blocks[j]))
                     self._next[j] = blocks[j] * bs
                     # The lane's current observation now lies in the previous block.
                     self._cur_off[j] = -1
@@ -298,34 +308,32 @@ class BatchWriter:
         self._next[lanes] = slots + 1
         self._cur_slot[lanes] = slots
         self._cur_epstep[lanes] = epsteps
-        self._cur_gen[lanes] = self.memory._block_gen[self._block[lanes]]
-        self._cur_off[lanes] = slots - self._block[lanes] * self.memory.block_size
+        self._cur_gen[lanes] = self._ring.block_gen[self._block[lanes]]
+        self._cur_off[lanes] = slots - self._block[lanes] * self._ring.block_size
 
-    def _publish_carefully(self, slots, gens, actions, rewards, flags, extras=None):
+    def _publish_carefully(self, slots, gens, actions, rewards, flags, extras, written):
         """Store the steps taken from ``slots`` where some lie in a previous block or at the
         start of one: VALID only where their history is intact (I3). Caller holds the lock."""
-        mem = self.memory
+        ring = self._ring
         flags = np.broadcast_to(flags, slots.shape)
-        block, offset = np.divmod(slots, mem.block_size)
+        block, offset = np.divmod(slots, ring.block_size)
         # A slot whose block was evicted since (it was the last of the lane's previous block,
         # and the oldest) is as gone as any evicted step.
-        alive = (mem._block_gen[block] == gens) & (mem._block_state[block] != _FREE)
+        alive = (ring.block_gen[block] == gens) & (ring.block_state[block] != _FREE)
         if not alive.all():
             slots, block, offset = slots[alive], block[alive], offset[alive]
             actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
             if extras:
                 extras = {name: values[alive] for name, values in extras.items()}
-        mem._action[slots] = actions
-        mem._reward[slots] = rewards
+        ring.action[slots] = actions
+        ring.reward[slots] = rewards
         if extras:
             for name, values in extras.items():
-                mem._extras[name][slots] = values
-        needs_prev = np.minimum(mem._epstep[slots], mem.history_len - 1) > offset
-        valid = ~needs_prev | mem._block_prev_intact[block]
-        mem._flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
-        mem._num_valid += int(np.count_nonzero(valid))
-        if mem._priorities is not None:
-            mem._priorities.on_publish(slots[valid])
+                ring.extras[name][slots] = values
+        needs_prev = np.minimum(ring.epstep[slots], ring.history_len - 1) > offset
+        valid = ~needs_prev | ring.block_prev_intact[block]
+        ring.flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
+        ring.publish(slots[valid], int(np.count_nonzero(valid)), written)
 
 
 class LaneWriter:
@@ -337,20 +345,21 @@ class LaneWriter:
     A :class:`BatchWriter` of one lane, with scalar arguments.
     """
 
-    def __init__(self, memory):
+    def __init__(self, memory: ReplayMemory) -> None:
         self.memory = memory
+        self._ring = memory.ring
         self._writer = BatchWriter(memory, 1)
         # The C kernel's binding for add_step's common case (None: not built, or a memory
         # whose steps it does not take: extra fields, float frames).
-        self._store = (self._writer._new_store() if _acting_ext is not None
-                       and not memory._extras and memory.dtype.kind in 'iub' else None)
+        self._store = (self._writer.kernel_store() if _acting_ext is not None
+                       and not memory.ring.extras and memory.dtype.kind in 'iub' else None)
 
     @property
-    def in_episode(self):
+    def in_episode(self) -> bool:
         """True between :meth:`start_episode` and the step that ends the episode."""
-        return bool(self._writer._cur_slot[0] >= 0)
+        return self._writer.lane_in_episode(0)
 
-    def start_episode(self, obs):
+    def start_episode(self, obs: Any) -> None:
         """Start a new episode in this lane with its first observation (from ``reset()``).
 
         An episode still open is abandoned: its steps so far stay sampleable.
@@ -358,7 +367,8 @@ class LaneWriter:
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
 
-    def add_step(self, action, reward, next_obs, terminated=False, truncated=False, *, extras=None):
+    def add_step(self, action: Any, reward: Any, next_obs: Any, terminated: Any = False,
+                 truncated: Any = False, *, extras: Mapping[str, Any] | None = None) -> None:
         """Record the step taken from the current observation.
 
         Args:
@@ -376,16 +386,13 @@ class LaneWriter:
         if store is not None and _acting_ext is not None and extras is None:
             # The common case (int action, float reward, a frame of the memory's shape and
             # dtype, no end, room in the block) checked and stored in one C call.
-            mem = self.memory
-            with mem._lock:
+            ring = self._ring
+            with ring.lock:
                 cur = store.step(action, reward, next_obs, terminated, truncated)
                 if cur >= 0:
-                    mem._num_valid += 1
-                    mem._num_steps_written += 1
-                    if mem._priorities is not None:
-                        mem._priorities.on_publish(cur)
+                    ring.publish(cur, 1, 1)
                     return
-        if self._writer._cur_slot[0] < 0:
+        if not self._writer.lane_in_episode(0):
             raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
                                "with the reset observation first")
         action = self._check_action(action)
@@ -393,13 +400,13 @@ class LaneWriter:
         frame = self._check_obs(next_obs, 'next_obs')
         terminated = check_bool(terminated, 'terminated')
         truncated = check_bool(truncated, 'truncated')
-        if extras is not None or self.memory._extras:
+        if extras is not None or self._ring.extras:
             extras = check_extras(extras, self.memory.extra_fields)
         self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
                                frame[None], np.array([terminated]), np.array([truncated]),
                                checked=True, extras=extras)
 
-    def close(self):
+    def close(self) -> None:
         """Detach from the memory: the lane's active block is retired. Idempotent."""
         self._writer.close()
 
@@ -411,12 +418,40 @@ class LaneWriter:
     _check_reward = staticmethod(check_reward)
 
 
-def _give_back(memory_ref, blocks):
-    """A writer's finalizer: queue its active blocks for the memory to retire. It takes no lock
-    (it may run in any thread, inside any code, the garbage collector's own time)."""
-    memory = memory_ref()
-    if memory is not None:
-        memory._abandoned.append(blocks)
+class TensorpackAppender:
+    """:meth:`ReplayMemory.append`'s single writer (tensorpack's convention, documented
+    there): a :class:`LaneWriter` that holds each non-terminal step back until the next
+    ``append`` brings its next state."""
+
+    def __init__(self, memory: ReplayMemory) -> None:
+        self.memory = memory
+        self._writer = LaneWriter(memory)
+        self._pending: tuple[int, float] | None = None   # (action, reward) held back
+
+    def append(self, state: Any, action: Any, reward: Any, is_over: Any) -> None:
+        """Add one step (see :meth:`ReplayMemory.append`)."""
+        mem, w = self.memory, self._writer
+        # Check everything before writing anything, so that a bad step changes nothing.
+        as_frame(state, mem.state_shape, mem.dtype, 'exp.state')
+        action, reward = check_action(action), check_reward(reward)
+        is_over = check_bool(is_over, 'exp.isOver')
+        if self._pending is None:
+            w.start_episode(state)
+        else:
+            w.add_step(*self._pending, next_obs=state)
+            self._pending = None
+        if is_over:
+            w.add_step(action, reward, np.zeros(mem.state_shape, mem.dtype), terminated=True)
+        else:
+            self._pending = (action, reward)
+
+
+def _give_back(ring_ref: weakref.ref, blocks: np.ndarray) -> None:
+    """A writer's finalizer: queue its active blocks for the ring to retire (lock-free:
+    :meth:`~expreplay.storage.ring.BlockRing.abandon`)."""
+    ring = ring_ref()
+    if ring is not None:
+        ring.abandon(blocks)
 
 
 def _batch(arr, n, name, ndim=1):

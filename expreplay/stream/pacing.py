@@ -13,6 +13,12 @@ target short, and the next batch's requests make it up: the target is cumulative
 shortfall never grows beyond what ``maximum_staleness`` requests can hold.
 """
 
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .ratelimit import SampleToInsertRatio
+
 __all__ = ['Pacer']
 
 
@@ -31,7 +37,8 @@ class Pacer:
     Use from one thread at a time (the one that draws the batches).
     """
 
-    def __init__(self, population, batch_size, update_frequency, limiter, exploration):
+    def __init__(self, population: Any, batch_size: int, update_frequency: int | None,
+                 limiter: SampleToInsertRatio | None, exploration: Callable[[], float]) -> None:
         if (update_frequency is None) == (limiter is None):
             raise ValueError("give update_frequency or a limiter")
         self.population = population
@@ -51,7 +58,7 @@ class Pacer:
         if limiter is not None and limiter.inserts == 0:
             limiter.try_insert(1)        # the initial fill stands for min_size_to_sample
 
-    def before_draw(self):
+    def before_draw(self) -> None:
         """Make the requests due before the next batch is drawn (blocks while the manager's
         staleness window is full; with a limiter, also until its inserts are stored)."""
         if self.limiter is None:
@@ -62,12 +69,12 @@ class Pacer:
             self._admit_sample()
         self.batches += 1
 
-    def inserted(self):
+    def inserted(self) -> int:
         """Steps stored by the requests made since the pacer was built (those of the
         requests made before, pending then, counted as up to ``per_request`` each)."""
         return self.population.progress()[0] - self.inserted_at_start
 
-    def measured_samples_per_insert(self):
+    def measured_samples_per_insert(self) -> float | None:
         """Sampled transitions (batches admitted x batch_size) per inserted step since the
         pacer was built; None before any step was stored."""
         inserted = self.inserted()
@@ -85,6 +92,7 @@ class Pacer:
 
     def _admit_sample(self):
         limiter, population = self.limiter, self.population
+        assert limiter is not None
         while True:
             inserted = self._book()
             if limiter.try_sample(self.batch_size):
@@ -103,6 +111,7 @@ class Pacer:
         """Tell the limiter of the steps stored since the last call (in chunks it admits;
         what it refuses now is told later). Returns the steps stored so far."""
         limiter = self.limiter
+        assert limiter is not None
         inserted, _ = self.population.progress()
         while self._counted < inserted:
             n = min(inserted - self._counted, limiter.insert_size)

@@ -19,10 +19,13 @@ Rules:
   ``produce()`` raises after :meth:`stop` is a consequence of the shutdown and is not kept.
 """
 
+from __future__ import annotations
+
 import collections
 import contextlib
 import threading
 import time
+from typing import Any, Callable
 
 from .._checks import check_int
 
@@ -48,16 +51,18 @@ class Prefetcher:
 
     END = object()   # what get() returns once stopped
 
-    def __init__(self, produce, depth, *, name='Prefetcher', thread_context=None):
+    def __init__(self, produce: Callable[[], Any], depth: int, *, name: str = 'Prefetcher',
+                 thread_context: Callable[[], contextlib.AbstractContextManager] | None = None
+                 ) -> None:
         if not callable(produce):
             raise TypeError(f"produce must be callable, got {produce!r}")
         self.depth = check_int(depth, 'depth', 1)
         self._produce = produce
         self._thread_context = thread_context or contextlib.nullcontext
-        self._items = collections.deque()
+        self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._stopped = False
-        self._error = None
+        self._error: BaseException | None = None
         self._error_raised = False
         self.consumers_waiting = 0
         self.produced = 0
@@ -68,10 +73,10 @@ class Prefetcher:
         self._thread.start()
 
     @property
-    def name(self):
+    def name(self) -> str:
         return self._thread.name
 
-    def ready(self):
+    def ready(self) -> int:
         """Results buffered now."""
         return len(self._items)
 
@@ -102,7 +107,7 @@ class Prefetcher:
                 cond.notify_all()
 
     # ------------------------------------------------------------------ the consumer
-    def get(self):
+    def get(self) -> Any:
         """The next result, waiting for it if none is ready; :attr:`END` once stopped.
 
         Raises the exception that stopped the thread (see the module docstring).
@@ -130,7 +135,7 @@ class Prefetcher:
             cond.notify_all()         # room for the thread
             return item
 
-    def wait_full(self, timeout=None):
+    def wait_full(self, timeout: float | None = None) -> bool:
         """Wait until ``depth`` results are ready (the thread is then waiting for room, making
         nothing), or the thread has stopped; True if full. For a consistent reading of what
         the thread has done so far."""
@@ -140,20 +145,20 @@ class Prefetcher:
                                 timeout)
             return len(self._items) >= self.depth
 
-    def unraised_error(self):
+    def unraised_error(self) -> BaseException | None:
         """The exception that stopped the thread if :meth:`get` never raised it, else None."""
         with self._cond:
             return None if self._error_raised else self._error
 
     # ------------------------------------------------------------------ shutdown
-    def stop(self):
+    def stop(self) -> None:
         """Release every waiter (see the module docstring); idempotent, does not wait."""
         with self._cond:
             self._stopped = True
             self._items.clear()
             self._cond.notify_all()
 
-    def join(self, timeout=None):
+    def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread (after :meth:`stop`); True when it has ended. A call from the
         prefetch thread itself (``produce`` closing its owner) does not wait."""
         if threading.current_thread() is self._thread:

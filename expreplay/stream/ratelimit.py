@@ -21,9 +21,12 @@ for every ``D`` if and only if ``2 * error_buffer >= insert_size * samples_per_i
 sample_size``, which the constructor requires. (Larger chunks than declared are refused too.)
 """
 
+from __future__ import annotations
+
 import math
 import threading
 import time
+from typing import Any
 
 from .._checks import check_int, check_real, check_timeout
 
@@ -52,8 +55,8 @@ class SampleToInsertRatio:
     Thread-safe: any number of inserting and sampling threads may wait at once.
     """
 
-    def __init__(self, samples_per_insert, min_size_to_sample, error_buffer, *, insert_size=1,
-                 sample_size=1):
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer: float,
+                 *, insert_size: int = 1, sample_size: int = 1) -> None:
         self.samples_per_insert = check_real(samples_per_insert, 'samples_per_insert')
         if self.samples_per_insert <= 0:
             raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert!r}")
@@ -91,19 +94,19 @@ class SampleToInsertRatio:
         return self.inserts >= self.min_size_to_sample and self._diff() - n >= self.min_diff
 
     # ------------------------------------------------------------------ public
-    def can_insert(self, n=1):
+    def can_insert(self, n: int = 1) -> bool:
         """Whether an insert of ``n`` items would be admitted now (nothing is counted)."""
         n = self._check_n(n, self.insert_size, 'n')
         with self._cond:
             return self._can_insert(n)
 
-    def can_sample(self, n=1):
+    def can_sample(self, n: int = 1) -> bool:
         """Whether a sample of ``n`` items would be admitted now (nothing is counted)."""
         n = self._check_n(n, self.sample_size, 'n')
         with self._cond:
             return self._can_sample(n)
 
-    def inserts_to_sample(self, n=1):
+    def inserts_to_sample(self, n: int = 1) -> int:
         """How many more items must be inserted before a sample of ``n`` is admitted (0: it
         is admitted now). Nothing is counted."""
         n = self._check_n(n, self.sample_size, 'n')
@@ -114,15 +117,15 @@ class SampleToInsertRatio:
                           - self.inserts - 1e-9)
             return max(0, short, x)
 
-    def try_insert(self, n=1):
+    def try_insert(self, n: int = 1) -> bool:
         """Count an insert of ``n`` items if it is admitted now; return whether it was."""
         return self._acquire(n, True, 0.0, block=False)
 
-    def try_sample(self, n=1):
+    def try_sample(self, n: int = 1) -> bool:
         """Count a sample of ``n`` items if it is admitted now; return whether it was."""
         return self._acquire(n, False, 0.0, block=False)
 
-    def await_insert(self, n=1, timeout=None):
+    def await_insert(self, n: int = 1, timeout: float | None = None) -> None:
         """Wait until an insert of ``n`` items is admitted, and count it.
 
         Raises:
@@ -131,12 +134,12 @@ class SampleToInsertRatio:
         """
         self._acquire(n, True, timeout, block=True)
 
-    def await_sample(self, n=1, timeout=None):
+    def await_sample(self, n: int = 1, timeout: float | None = None) -> None:
         """Wait until a sample of ``n`` items is admitted, and count it (see
         :meth:`await_insert` for the errors)."""
         self._acquire(n, False, timeout, block=True)
 
-    def close(self):
+    def close(self) -> None:
         """Refuse every insert and sample from now on; every waiter raises
         :class:`RateLimiterClosed`. Idempotent."""
         with self._cond:
@@ -144,10 +147,10 @@ class SampleToInsertRatio:
             self._cond.notify_all()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._closed
 
-    def stats(self):
+    def stats(self) -> dict[str, Any]:
         """Counts, the diff and the time spent waiting, as a dict."""
         with self._cond:
             return dict(inserts=self.inserts, samples=self.samples, diff=self._diff(),

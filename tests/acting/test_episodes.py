@@ -26,7 +26,7 @@ from expreplay.acting.episodes import (EPISODE_LOG_FILENAME, Curriculum, Episode
                                 EpisodeStart, EpisodeTotals, FixedSeed, ProceduralSeeds,
                                 RestartPool, SeedList, SeedsExhausted, read_episode_log)
 from expreplay.acting import EnvRunner, EnvRunnerManager
-from expreplay.stream import ReplayStream
+from expreplay.stream import Population, ReplayStream, Sampling
 from scripted_env import ScriptedEnv
 
 gym.register_envs(ale_py)
@@ -595,10 +595,10 @@ def test_stream_writes_the_episode_log_and_counts_totals(tmp_path):
         return envs[-1]
 
     seen = Records()
-    with ReplayStream(None, make_env, num_parallel_players=2, state_shape=(6,), batch_size=8,
-                      memory_size=500, init_memory_size=50, update_frequency=4, history_len=H,
-                      seed=0, progress=False, episode_starts=ProceduralSeeds(12),
-                      episode_log_dir=str(tmp_path / 'logs'), on_episode_end=seen) as stream:
+    with ReplayStream(ReplayMemory(500, (6,), H),
+                      Population(make_env, 2, seed=0, episode_starts=ProceduralSeeds(12),
+                                 episode_log_dir=str(tmp_path / 'logs'), on_episode_end=seen),
+                      Sampling(8, 4, seed=0), init_memory_size=50, progress=False) as stream:
         batches = iter(stream)
         for _ in range(40):
             next(batches)
@@ -611,8 +611,8 @@ def test_stream_writes_the_episode_log_and_counts_totals(tmp_path):
         assert r.seed == want == envs[r.runner].seeds[r.episode]
 
     with pytest.raises(ValueError, match='twice'):
-        ReplayStream(None, make_env, 1, (6,), 8, 100, 10, 4, H, episode_starts=FixedSeed(1),
-                     runner_kwargs={'episode_starts': FixedSeed(2)})
+        Population(make_env, 1, episode_starts=FixedSeed(1),
+                   runner_kwargs={'episode_starts': FixedSeed(2)})
 
 
 @pytest.mark.slow

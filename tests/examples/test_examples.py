@@ -42,11 +42,15 @@ def test_cartpole_reaches_475_within_100k_steps(tmp_path):
 
 
 # ------------------------------------------------------------------------------- Atari
+# The tests that run the example as a user does are marked slow: each starts one to three
+# processes that import TensorFlow and build the graph (20-30 s each on 2 cores) before they
+# train for a few steps. CI runs them.
 ATARI_SMOKE = ['--env', 'ALE/Pong-v5', '--memory-size', 3000, '--init-memory-size', 300,
-               '--batch-size', 16, '--steps-per-epoch', 25, '--target-update', 10,
+               '--batch-size', 16, '--steps-per-epoch', 10, '--target-update', 5,
                '--eval-episodes', 2, '--max-episode-steps', 100]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_atari_train_eval_play_smoke(tmp_path):
     logdir = tmp_path / 'pong'
@@ -109,6 +113,7 @@ def assert_stopped_cleanly(code, out, err):
     return line
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
     """Ctrl-C in the middle of training: no traceback, no "nanobind: leaked ... ALEInterface",
@@ -185,6 +190,7 @@ def atari_epsilon(step, exploration_steps, update_frequency=4):
     return float(np.interp(step, [p[0] for p in points], [p[1] for p in points]))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_atari_ctrl_c_in_the_first_epoch_then_rerun_keeps_the_run_and_resume_restores_it(tmp_path):
     """Ctrl-C before the first epoch ends saves the model with the memory; a rerun of the same
@@ -193,8 +199,10 @@ def test_atari_ctrl_c_in_the_first_epoch_then_rerun_keeps_the_run_and_resume_res
     logdir = tmp_path / 'pong'
     common = [*ATARI_SMOKE, '--logdir', logdir, '--players', 2, '--eval-every', 0,
               '--exploration-steps', 400]
+    # The first progress line comes a second into the training: a training step is done.
     code, out, err = interrupt_example(tmp_path, 'dqn_atari.py',
-                                       [*common, '--steps-per-epoch', 100000], 'progress:')
+                                       [*common, '--steps-per-epoch', 100000, '--progress-every', 2],
+                                       'progress:')
     line = assert_stopped_cleanly(code, out, err)
     assert 'Start Epoch 2' not in out
     assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
@@ -260,6 +268,7 @@ def test_progress_log_reports_agent_steps_games_and_epsilon():
     assert lines[2].startswith("progress: 4400 agent steps (7/s)")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_atari_vector_env_and_resume_smoke(tmp_path):
     logdir = tmp_path / 'pong'

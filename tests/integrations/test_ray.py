@@ -28,12 +28,17 @@ from expreplay.ray import ActorFailedError, EnvBuildError, RayVectorEnv   # noqa
 from expreplay.acting import EnvRunner, EnvRunnerManager          # noqa: E402
 from scripted_env import ScriptedEnv, ScriptedEnvError, check_batch, decode, reward_for   # noqa: E402
 
+# Every test starts actor processes (and the module a local Ray, the last test a two-node
+# cluster): seconds each, about two minutes in all on 2 cores. CI runs them.
+pytestmark = pytest.mark.slow
+
 GEN = 10000                    # episodes of build g are numbered from GEN * g (2 bytes: g <= 5)
 LENGTHS = (5, 3, 8)
 ENDS = ('terminated', 'truncated')
 H = 3
 LIFE_EVERY = 4                 # with lives=3 an episode (<= 8 steps) never runs out of lives
-TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HERE)
 ROOT = os.path.dirname(TESTS)
 
 
@@ -42,7 +47,7 @@ ROOT = os.path.dirname(TESTS)
 def worker_path():
     """Actor processes import this module, scripted_env and this checkout's expreplay."""
     old = os.environ.get('PYTHONPATH')
-    os.environ['PYTHONPATH'] = os.pathsep.join([ROOT, TESTS] + ([old] if old else []))
+    os.environ['PYTHONPATH'] = os.pathsep.join([ROOT, TESTS, HERE] + ([old] if old else []))
     yield
     if ray.is_initialized():
         ray.shutdown()
@@ -525,55 +530,6 @@ def test_bad_arguments_clear_errors_at_construction(local_ray, tmp_path):
         RayVectorEnv(lambda i: 42, 1, 1)
 
 
-@pytest.fixture
-def two_nodes(worker_path):
-    if ray.is_initialized():
-        ray.shutdown()
-    _mode['kind'] = 'cluster'
-    cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 2, 'include_dashboard': False})
-    worker = cluster.add_node(num_cpus=2)
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-        cluster.wait_for_nodes()
-        yield cluster, worker
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
-        _mode['kind'] = None
-
-
-def test_node_removed_actors_restart_on_the_other(two_nodes, tmp_path):
-    cluster, worker = two_nodes
-    env = scripted_env(tmp_path, 2, 2, step_timeout=60, placement='SPREAD')
-    mem = ReplayMemory(500, (6,), H, block_size=8)
-    try:
-        nodes = env.actor_nodes()
-        assert sorted(nodes) == sorted([cluster.head_node.node_id, worker.node_id])   # spread
-        lost = nodes.index(worker.node_id)
-        drv = AsyncDriver(env, mem)
-        drv.start()
-        sampler = Sampler(mem, drv.truth)
-        sampler.start()
-        for _ in range(40):
-            drv.round()
-        delivered_before = drv.truth.delivered
-        cluster.remove_node(worker)
-        while drv.restarted_seen.sum() == 0:
-            drv.round()
-        for _ in range(40):
-            drv.round()
-        sampler.join()
-        want = [0, 0, 0, 0]
-        want[2 * lost] = want[2 * lost + 1] = 1
-        assert drv.restarted_seen.tolist() == want and env.actor_restarts == 1
-        assert env.actor_nodes() == [cluster.head_node.node_id] * 2
-        assert mem.num_steps_written == drv.truth.delivered > delivered_before
-        for s in range(10):
-            check_batch(mem.sample_batch(64, rng=np.random.default_rng(s)), drv.truth.envs, H)
-    finally:
-        env.close()
-
-
 class AsyncRecorder:
     """Checks what passes between an EnvRunner and the RayVectorEnv on the async API."""
 
@@ -671,5 +627,56 @@ def test_an_actor_refuses_what_the_in_process_players_refuse(local_ray, kind, ma
             chain.append(str(err))
             err = err.__cause__
         assert any(match in text for text in chain), chain
+    finally:
+        env.close()
+
+
+# A cluster of two nodes replaces the local Ray: last, so that the tests before it share one.
+
+@pytest.fixture
+def two_nodes(worker_path):
+    if ray.is_initialized():
+        ray.shutdown()
+    _mode['kind'] = 'cluster'
+    cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 2, 'include_dashboard': False})
+    worker = cluster.add_node(num_cpus=2)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False)
+        cluster.wait_for_nodes()
+        yield cluster, worker
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        _mode['kind'] = None
+
+
+def test_node_removed_actors_restart_on_the_other(two_nodes, tmp_path):
+    cluster, worker = two_nodes
+    env = scripted_env(tmp_path, 2, 2, step_timeout=60, placement='SPREAD')
+    mem = ReplayMemory(500, (6,), H, block_size=8)
+    try:
+        nodes = env.actor_nodes()
+        assert sorted(nodes) == sorted([cluster.head_node.node_id, worker.node_id])   # spread
+        lost = nodes.index(worker.node_id)
+        drv = AsyncDriver(env, mem)
+        drv.start()
+        sampler = Sampler(mem, drv.truth)
+        sampler.start()
+        for _ in range(40):
+            drv.round()
+        delivered_before = drv.truth.delivered
+        cluster.remove_node(worker)
+        while drv.restarted_seen.sum() == 0:
+            drv.round()
+        for _ in range(40):
+            drv.round()
+        sampler.join()
+        want = [0, 0, 0, 0]
+        want[2 * lost] = want[2 * lost + 1] = 1
+        assert drv.restarted_seen.tolist() == want and env.actor_restarts == 1
+        assert env.actor_nodes() == [cluster.head_node.node_id] * 2
+        assert mem.num_steps_written == drv.truth.delivered > delivered_before
+        for s in range(10):
+            check_batch(mem.sample_batch(64, rng=np.random.default_rng(s)), drv.truth.envs, H)
     finally:
         env.close()

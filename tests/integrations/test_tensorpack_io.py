@@ -189,7 +189,11 @@ def stderr_clean(capfd):
 
 
 # ------------------------------------------------------------------------------- tests
-@pytest.mark.parametrize('prefetch', [0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+# prefetch=0 is the stream's own path (tests/stream run it); under a trainer it runs slow only.
+PREFETCH = [pytest.param(0, marks=pytest.mark.slow), DEFAULT_PREFETCH]
+
+
+@pytest.mark.parametrize('prefetch', PREFETCH, ids=['prefetch-off', 'prefetch-on'])
 @pytest.mark.parametrize('data,threads', [(QueueInput, None), (FeedInput, None), (QueueInput, 1)],
                          ids=['QueueInput', 'FeedInput', 'QueueInput-pipelined'])
 def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, data, threads, prefetch):
@@ -233,6 +237,7 @@ def test_exploration_schedule_reaches_the_runners(tmp_path, stderr_clean):
     assert errors == [] and threads == []
 
 
+@pytest.mark.slow    # two trainings and three checkpoints: ~10 s
 def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, monkeypatch):
     ckpt = tmp_path / 'replay'
     # As in a script that did not set up logging (pytest puts its capture handlers on the root
@@ -268,7 +273,7 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, m
         make_expreplay(EnvFactory(), state_shape=(7,), checkpoint_dir=str(ckpt))
 
 
-@pytest.mark.parametrize('prefetch', [0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
+@pytest.mark.parametrize('prefetch', PREFETCH, ids=['prefetch-off', 'prefetch-on'])
 def test_a_simulator_fault_fails_the_training(tmp_path, monkeypatch, prefetch):
     # tensorpack 0.11 logs the failure with a malformed format string ("Training failed at
     # global_step=", step); pytest >= 9.2's log capture turns that logging error into a
@@ -384,7 +389,8 @@ def dqn_py_get_config(model, get_player):
     ), expreplay
 
 
-@pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv], ids=['gymnasium', 'old_gym'])
+@pytest.mark.parametrize('env_cls', [ScriptedEnv, pytest.param(OldApiScriptedEnv, marks=pytest.mark.slow)],
+                         ids=['gymnasium', 'old_gym'])
 def test_dqn_py_config_trains(tmp_path, env_cls, stderr_clean):
     factory = EnvFactory(env_cls, obs_shape=IMAGE_SIZE, episode_lengths=(10, 6))
     built = {}
@@ -404,6 +410,7 @@ def test_dqn_py_config_trains(tmp_path, env_cls, stderr_clean):
 
 
 # ------------------------------------------------------------------------------- TF set-up
+@pytest.mark.slow    # a fresh interpreter importing TensorFlow: ~20 s
 def test_import_sets_legacy_keras_before_tensorflow():
     """End to end in a fresh interpreter: `import expreplay` leaves TensorFlow alone, touching
     ExpReplay sets TF_USE_LEGACY_KERAS=1 before TensorFlow loads, and tf.layers works."""
@@ -456,7 +463,8 @@ def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
     """Whole-float sizes (DQN.py's 1e6) are accepted; other bad values are refused by name."""
     factory = EnvFactory(episode_lengths=(50,))
     replay = make_expreplay(factory, memory_size=1e4, init_memory_size=1e3, batch_size=16.0)
-    assert (replay.stream.memory_size, replay.stream.init_memory_size) == (10_000, 1000)
+    assert (replay.memory_size, replay.init_memory_size) == (10_000, 1000)
+    assert replay.stream.memory.max_size == 10_000 and replay.stream.init_memory_size == 1000
     bad = [(dict(memory_size=float('inf')), ValueError, 'memory_size'),
            (dict(batch_size=True), TypeError, 'batch_size'),
            (dict(seed='abc'), TypeError, 'seed'),
@@ -468,3 +476,21 @@ def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
     for kwargs, error, match in bad:
         with pytest.raises(error, match=match):
             make_expreplay(factory, **kwargs)
+
+
+def test_a_float_env_with_the_default_state_dtype_is_refused_at_construction():
+    """DQN.py's arguments with CartPole: its float observations do not fit the default uint8
+    frames. Refused when ExpReplay is built, naming state_dtype and the fix."""
+    import gymnasium as gym
+    made = []
+
+    def cartpole():
+        made.append(gym.make('CartPole-v1'))
+        return made[-1]
+
+    with pytest.raises(ValueError, match=r"float32.*state_dtype='uint8'.*pass state_dtype='float32'"):
+        make_expreplay(cartpole, state_shape=(4,))
+    with pytest.raises(ValueError, match=r"shape \(4,\).*state_shape=\(6,\).*state_shape=\(4,\)"):
+        make_expreplay(cartpole, state_shape=(6,), state_dtype='float32')
+    replay = make_expreplay(cartpole, state_shape=(4,), state_dtype='float32')
+    assert len(made) == 3 and replay.state_dtype == np.float32   # one player built per check

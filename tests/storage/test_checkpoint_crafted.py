@@ -36,7 +36,7 @@ def saved(tmp_path, mem):
 
 def test_the_scripted_memory_loads_and_samples_its_episodes(tmp_path):
     mem = scripted_memory()
-    flags = mem._flags
+    flags = mem.ring.flags
     assert flags[4] == 0 and flags[19] == 0 and (flags[15:19] & HAS_ACTION).all()
     loaded = ReplayMemory.load(rewrite(saved(tmp_path, mem), tmp_path / 'same.npz'))
     batch = loaded.sample(16, n_step=10, rng=np.random.default_rng(0))

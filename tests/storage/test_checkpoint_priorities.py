@@ -31,12 +31,12 @@ def prioritized_with_history(seed=0, **kwargs):
     priorities[5] = 40.0                          # the running maximum
     mem.update_priorities(tokens, priorities)
     writers.write(3)                              # queued, not yet in the tree
-    assert mem._priorities._pending
+    assert mem.ring.priorities._pending
     return mem, writers
 
 
 def leaves(mem):
-    return mem._priorities.tree.get(np.arange(mem.num_slots))
+    return mem.ring.priorities.tree.get(np.arange(mem.num_slots))
 
 
 def test_round_trip_keeps_the_exact_sampling_distribution(tmp_path):
@@ -47,7 +47,7 @@ def test_round_trip_keeps_the_exact_sampling_distribution(tmp_path):
     loaded = ReplayMemory.load(tmp_path / 'mem.npz')
     assert loaded.prioritized
     assert_same_memory(loaded, mem)
-    a, b = mem._priorities, loaded._priorities
+    a, b = mem.ring.priorities, loaded.ring.priorities
     assert (b.alpha, b.eps, b.max_priority, b.stale_updates) == \
         (a.alpha, a.eps, a.max_priority, a.stale_updates) == (0.7, 1e-3, 40.0, a.stale_updates)
     assert b.stale_updates > 0
@@ -55,7 +55,7 @@ def test_round_trip_keeps_the_exact_sampling_distribution(tmp_path):
     for level in range(a.tree.depth + 1):
         np.testing.assert_array_equal(b.tree._sum[level], a.tree._sum[level])
         np.testing.assert_array_equal(b.tree._min[level], a.tree._min[level])
-    np.testing.assert_array_equal(leaves(loaded) > 0, (loaded._flags[:loaded.num_slots] & VALID) != 0)
+    np.testing.assert_array_equal(leaves(loaded) > 0, (loaded.ring.flags[:loaded.num_slots] & VALID) != 0)
     for seed in range(5):
         x = mem.sample(64, n_step=3, beta=0.5, rng=np.random.default_rng(seed))
         y = loaded.sample(64, n_step=3, beta=0.5, rng=np.random.default_rng(seed))
@@ -72,14 +72,14 @@ def test_round_trip_keeps_the_exact_sampling_distribution(tmp_path):
     w.add_step(0, 0.0, encode(99, 1, 2))
     loaded.sample(1)
     slot = int(w._writer._cur_slot[0]) - 1
-    assert loaded._flags[slot] & VALID
+    assert loaded.ring.flags[slot] & VALID
     assert leaves(loaded)[slot] == pytest.approx((40.0 + 1e-3) ** 0.7)
 
 
 def test_steps_queued_at_the_save_are_in_the_checkpoint(tmp_path):
     mem, _ = prioritized_with_history(seed=1)
-    pending = np.unique(mem._priorities._pending)
-    pending = pending[(mem._flags[pending] & VALID) != 0]
+    pending = np.unique(mem.ring.priorities._pending)
+    pending = pending[(mem.ring.flags[pending] & VALID) != 0]
     assert len(pending)
     mem.save(tmp_path / 'mem.npz')
     loaded = ReplayMemory.load(tmp_path / 'mem.npz')
@@ -118,7 +118,7 @@ def test_format_2_checkpoints_load_as_uniform_memories(tmp_path):
         assert 'priority' not in archive.files
     assert meta['version'] == 2 and 'prioritized' not in meta and 'alpha' not in meta
     loaded = ReplayMemory.load(old)
-    assert not loaded.prioritized and loaded._priorities is None
+    assert not loaded.prioritized and loaded.ring.priorities is None
     assert len(loaded) == len(mem)
     for x, y in zip(mem.sample_batch(32, rng=np.random.default_rng(1)),
                     loaded.sample_batch(32, rng=np.random.default_rng(1))):

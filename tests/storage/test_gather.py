@@ -134,7 +134,7 @@ def test_extension_validates_its_arguments():
 
 
 def test_the_memory_sampler_resolves_histories_like_the_memory():
-    """The memory's C sampler (Ring) gives exactly _history_index + gather_frames for the
+    """The memory's C sampler (Ring) gives exactly BlockRing.history_index + gather_frames for the
     states, and _n_step's walk, at episode starts (zero frames) and across block edges (the
     lane's previous block), in both layouts; and it refuses bad slots and buffers."""
     ext = _gather._gather_ext
@@ -152,23 +152,23 @@ def test_the_memory_sampler_resolves_histories_like_the_memory():
             else:
                 w.add_step(int(rng.integers(5)), float(rng.integers(-3, 4)),
                            rng.integers(0, 256, (6, 7), dtype=np.uint8))
-        slots = np.flatnonzero(mem._flags & 1).astype(np.int64)
+        slots = np.flatnonzero(mem.ring.flags & 1).astype(np.int64)
         assert len(slots) > 100
-        assert (mem._epstep[slots] < h - 1).any() or h == 1                # zero-padded ones
+        assert (mem.ring.epstep[slots] < h - 1).any() or h == 1                # zero-padded ones
         assert (slots % mem.block_size < h - 1).any() or h == 1            # across a block edge
-        ring = mem._sampler()
+        ring = mem.sampler.kernel()
         for layout in ('NHWC', 'NCHW'):
-            out = mem._empty_sample(len(slots), mem._state_shape(len(slots), h, layout))
+            out = mem.sampler.empty_sample(len(slots), mem.sampler.state_shape(len(slots), h, layout))
             ring.sample(slots, 3, 0.9, layout == 'NCHW', out.state, out.next_state, out.action,
                         out.reward, out.discount, out.is_over, out.indices)
-            reward, last, discount, is_over = mem._n_step(slots, 3, 0.9)
-            for got, idx in ((out.state, mem._history_index(slots)),
-                             (out.next_state, mem._history_index(last))):
-                np.testing.assert_array_equal(got, gather_frames(mem._frames, idx, layout))
+            reward, last, discount, is_over = mem.sampler.n_step(slots, 3, 0.9)
+            for got, idx in ((out.state, mem.ring.history_index(slots)),
+                             (out.next_state, mem.ring.history_index(last))):
+                np.testing.assert_array_equal(got, gather_frames(mem.ring.frames, idx, layout))
             np.testing.assert_array_equal(out.reward, reward)
             np.testing.assert_array_equal(out.discount, discount)
             np.testing.assert_array_equal(out.is_over, is_over)
-            np.testing.assert_array_equal(out.action, mem._action[slots])
+            np.testing.assert_array_equal(out.action, mem.ring.action[slots])
         bufs = (out.state, out.next_state, out.action, out.reward, out.discount, out.is_over,
                  out.indices)
         with pytest.raises(IndexError):

@@ -112,11 +112,11 @@ def write_random_stream(mem, num_lanes, num_rounds, rng, model):
 
 def all_valid_transitions(mem):
     """Every sampleable transition, read through the same index path sampling uses."""
-    slots = np.flatnonzero(mem._flags & 1)
-    idx = mem._frame_index(slots)
-    frames = mem._frames[idx]
-    is_over = (mem._flags[slots] & 2) != 0
-    return slots, frames, mem._action[slots], mem._reward[slots], is_over
+    slots = np.flatnonzero(mem.ring.flags & 1)
+    idx = mem.ring.frame_index(slots)
+    frames = mem.ring.frames[idx]
+    is_over = (mem.ring.flags[slots] & 2) != 0
+    return slots, frames, mem.ring.action[slots], mem.ring.reward[slots], is_over
 
 
 @pytest.mark.parametrize('num_lanes,history_len,max_size,block_size', [
@@ -310,7 +310,7 @@ def test_lazy_allocation_of_a_large_memory():
     mem = ReplayMemory(1_000_000, (84, 84), 4)
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert (after - before) * 1024 < 200e6
-    per_step = sum(a.nbytes for a in (mem._frames, mem._action, mem._reward, mem._epstep, mem._flags)) / mem.max_size
+    per_step = sum(a.nbytes for a in (mem.ring.frames, mem.ring.action, mem.ring.reward, mem.ring.epstep, mem.ring.flags)) / mem.max_size
     assert per_step <= 84 * 84 + 32
 
 
@@ -396,9 +396,9 @@ def assert_same_tables(loaded, mem):
     checkpoint holds those only: the rest is stale data of evicted blocks, never read)."""
     from expreplay.storage.checkpoint import TABLES
     written = np.concatenate([np.arange(b * mem.block_size, b * mem.block_size + n)
-                              for b, n in enumerate(mem._block_fill) if n] or [np.zeros(0, int)])
+                              for b, n in enumerate(mem.ring.block_fill) if n] or [np.zeros(0, int)])
     for name, (attr, kind) in TABLES.items():
-        a, b = getattr(loaded, attr), getattr(mem, attr)
+        a, b = getattr(loaded.ring, attr), getattr(mem.ring, attr)
         if a is None or b is None:        # a table this kind of memory does not have
             assert a is None and b is None, name
             continue
@@ -474,7 +474,7 @@ def test_save_killed_halfway_leaves_previous_checkpoint(tmp_path):
     assert leftovers, "the child should have died while writing its temporary file"
     assert path.read_bytes() == before
     loaded = ReplayMemory.load(path)
-    np.testing.assert_array_equal(loaded._frames, mem._frames)
+    np.testing.assert_array_equal(loaded.ring.frames, mem.ring.frames)
     assert len(loaded) == len(mem)
 
 
@@ -558,7 +558,7 @@ def test_batch_writer_random_subsets_every_value(num_lanes, history_len, max_siz
     rng = np.random.default_rng(num_lanes * 10 + history_len)
     mem = ReplayMemory(max_size, FRAME_SHAPE, history_len, block_size=block_size)
     model = StreamModel()
-    written = write_batched_stream(mem, num_lanes, 30 * max_size // num_lanes, rng, model)
+    written = write_batched_stream(mem, num_lanes, 20 * max_size // num_lanes, rng, model)
     assert written > 10 * mem.num_slots        # the ring wrapped around many times
     slots, frames, actions, rewards, is_over = all_valid_transitions(mem)
     assert len(mem) == len(slots) > 0
@@ -569,6 +569,7 @@ def test_batch_writer_random_subsets_every_value(num_lanes, history_len, max_siz
         model.check_transition(comb, act, rew, over, history_len)
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
     """Four batch writers in threads, a sampler checking every sampled value meanwhile."""
     history_len = 3
@@ -578,7 +579,7 @@ def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
 
     def writer(k):
         try:
-            write_batched_stream(mem, 6, 2000, np.random.default_rng(k), models[k], lane_offset=10 * k)
+            write_batched_stream(mem, 6, 1000, np.random.default_rng(k), models[k], lane_offset=10 * k)
         except Exception as err:   # pragma: no cover - reported below
             errors.append(err)
 
@@ -612,6 +613,7 @@ def test_batch_writers_with_a_concurrent_sampler_never_mix_frames():
     assert checked >= 640
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_a_block_change_never_publishes_into_an_evicted_block():
     """Writers in threads on a memory with barely more blocks than writers, and a sampler
     holding the lock often, so that a lane's previous block is now and then evicted between its

@@ -111,11 +111,11 @@ def write_batches(mem, num_lanes, calls, rng, fast=False):
 
 
 def check_every_valid_slot(mem):
-    slots = np.flatnonzero(mem._flags & 1)
+    slots = np.flatnonzero(mem.ring.flags & 1)
     assert len(slots) == len(mem) > 0
     for slot in slots:
-        want = extras_of(*decode(mem._frames[slot]))
-        for name, arr in mem._extras.items():
+        want = extras_of(*decode(mem.ring.frames[slot]))
+        for name, arr in mem.ring.extras.items():
             assert arr[slot] == np.asarray(want[name], arr.dtype), (name, slot)
 
 
@@ -142,7 +142,7 @@ def test_batch_writer_random_subsets_extras(num_lanes, history_len, max_size, bl
     rng = np.random.default_rng(num_lanes)
     mem = ReplayMemory(max_size, FRAME_SHAPE, history_len, block_size=block_size,
                        extra_fields=FIELDS)
-    write_batches(mem, num_lanes, 30 * max_size // num_lanes, rng)
+    write_batches(mem, num_lanes, 20 * max_size // num_lanes, rng)
     assert mem.num_steps_written > 10 * mem.num_slots
     check_every_valid_slot(mem)
     assert check_batch_extras(mem, mem.sample(128, rng=rng)) == 128
@@ -161,10 +161,10 @@ def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
     check_every_valid_slot(mem)
     assert check_batch_extras(mem, mem.sample(256, rng=rng)) == 256
     if prioritized:
-        prio = mem._priorities
+        prio = mem.ring.priorities
         prio.flush()
         in_tree = prio.tree.get(np.arange(mem.num_slots)) > 0
-        np.testing.assert_array_equal(in_tree, (mem._flags[:mem.num_slots] & 1) != 0)
+        np.testing.assert_array_equal(in_tree, (mem.ring.flags[:mem.num_slots] & 1) != 0)
 
 
 def test_the_c_kernel_now_serves_prioritized_memories(monkeypatch):
@@ -192,14 +192,14 @@ def test_the_c_kernel_now_serves_prioritized_memories(monkeypatch):
             history.push(lanes, frames)
     assert taken >= 5
     mem.update_priorities(mem.sample(4).indices, [5.0] * 4)
-    before = set(np.flatnonzero(mem._priorities.tree.get(np.arange(mem.num_slots)) > 0))
+    before = set(np.flatnonzero(mem.ring.priorities.tree.get(np.arange(mem.num_slots)) > 0))
     frames = np.stack([encode(j, 1, 11) for j in lanes])
     assert bw.add_steps_with_history(lanes, np.zeros(2, np.int64), np.ones(2), frames,
                                      np.zeros(2, bool), np.zeros(2, bool), np.full(2, -1, np.int64),
                                      history, np.zeros(2), np.zeros(2, np.int64),
                                      np.full(2, -1, np.int64))
     mem.sample(1)
-    leaves = mem._priorities.tree.get(np.arange(mem.num_slots))
+    leaves = mem.ring.priorities.tree.get(np.arange(mem.num_slots))
     new = sorted(set(np.flatnonzero(leaves > 0)) - before)
     assert len(new) == 2
     np.testing.assert_allclose(leaves[new], (5.0 + 1e-6) ** 0.6)
@@ -215,8 +215,8 @@ def one_step_memory(**kwargs):
 
 
 def snapshot(mem):
-    return [a.copy() for a in (mem._frames, mem._action, mem._reward, mem._flags, mem._epstep,
-                               mem._block_fill, *mem._extras.values())] + [len(mem)]
+    return [a.copy() for a in (mem.ring.frames, mem.ring.action, mem.ring.reward, mem.ring.flags, mem.ring.epstep,
+                               mem.ring.block_fill, *mem.ring.extras.values())] + [len(mem)]
 
 
 def assert_untouched(mem, before):
@@ -311,7 +311,7 @@ def test_append_refuses_a_memory_with_extra_fields():
     mem = ReplayMemory(100, FRAME_SHAPE, 2, extra_fields={'lives': 'int8'})
     with pytest.raises(ValueError, match='extra_fields'):
         mem.append(Experience(encode(0, 1, 0), 0, 0.0, False))
-    assert mem.num_steps_written == 0 and not mem._block_fill.any()
+    assert mem.num_steps_written == 0 and not mem.ring.block_fill.any()
 
 
 def test_sample_batch_keeps_its_four_list_and_the_named_batch_its_eight_fields():
@@ -336,9 +336,9 @@ def test_checkpoint_round_trip_keeps_the_extras(tmp_path):
     loaded = ReplayMemory.load(tmp_path / 'mem.npz', extra_fields=FIELDS)
     assert loaded.extra_fields == mem.extra_fields
     assert list(loaded.extra_fields) == list(FIELDS)      # in order
-    written = np.flatnonzero(np.arange(mem.block_size)[None, :] < mem._block_fill[:, None])
+    written = np.flatnonzero(np.arange(mem.block_size)[None, :] < mem.ring.block_fill[:, None])
     for name in FIELDS:
-        np.testing.assert_array_equal(loaded._extras[name][written], mem._extras[name][written])
+        np.testing.assert_array_equal(loaded.ring.extras[name][written], mem.ring.extras[name][written])
     check_every_valid_slot(loaded)
     x = mem.sample(64, rng=np.random.default_rng(1))
     y = loaded.sample(64, rng=np.random.default_rng(1))

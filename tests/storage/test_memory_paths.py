@@ -131,7 +131,7 @@ def test_a_batch_writer_refuses_bad_lanes_naming_them_and_writes_nothing(kernels
     mem = ReplayMemory(200, FRAME_SHAPE, 2, block_size=10)
     bw = mem.new_batch_writer(3)
     bw.start_episodes(np.arange(3), np.stack([encode(j, 1, 0) for j in range(3)]))
-    tables = [a.copy() for a in (mem._frames, mem._flags, mem._epstep, mem._block_fill)]
+    tables = [a.copy() for a in (mem.ring.frames, mem.ring.flags, mem.ring.epstep, mem.ring.block_fill)]
     n = len(np.asarray(lanes).reshape(-1))
     frames = np.stack([encode(0, 1, 1)] * n)
     with pytest.raises(error, match='lanes'):
@@ -142,7 +142,7 @@ def test_a_batch_writer_refuses_bad_lanes_naming_them_and_writes_nothing(kernels
     with pytest.raises(error, match='lanes'):
         bw.add_steps(lanes, np.zeros(n, np.int32), np.zeros(n), frames, np.zeros(n, bool),
                      np.zeros(n, bool), checked=True)
-    for a, b in zip((mem._frames, mem._flags, mem._epstep, mem._block_fill), tables):
+    for a, b in zip((mem.ring.frames, mem.ring.flags, mem.ring.epstep, mem.ring.block_fill), tables):
         np.testing.assert_array_equal(a, b)
     assert len(mem) == 0
 
@@ -155,7 +155,7 @@ def test_a_memory_written_with_good_lanes_round_trips(kernels, tmp_path):
         bw.add_steps([2, 0], np.zeros(2, np.int32), np.zeros(2),
                      np.stack([encode(j, 1, t + 1) for j in (2, 0)]), np.zeros(2, bool),
                      np.zeros(2, bool))
-    assert len(mem) == 10 == np.count_nonzero(mem._flags & 1)
+    assert len(mem) == 10 == np.count_nonzero(mem.ring.flags & 1)
     mem.save(tmp_path / 'm.npz')
     assert len(ReplayMemory.load(tmp_path / 'm.npz')) == 10
 
@@ -189,7 +189,7 @@ def test_dropped_writers_give_their_blocks_back(kernels, kind):
     fresh.start_episode(encode(99, 1, 0))
     for t in range(30):      # four blocks' worth: every claim finds a block given back
         fresh.add_step(0, 1.0, encode(99, 1, t + 1))
-    assert decode(mem._frames[fresh._writer._cur_slot[0]]) == (99, 1, 30)
+    assert decode(mem.ring.frames[fresh._writer._cur_slot[0]]) == (99, 1, 30)
 
 
 def test_a_closed_writer_is_not_given_back_twice(kernels):
@@ -204,8 +204,8 @@ def test_a_closed_writer_is_not_given_back_twice(kernels):
         o.start_episode(encode(k, 1, 0))
     # Four blocks, three active: the closed writer's block was retired once, and the next
     # claim evicts it rather than finding it twice in the eviction queue.
-    assert sorted(mem._retired) == sorted(set(mem._retired))
-    assert np.count_nonzero(mem._block_state == 1) == 3
+    assert sorted(mem.ring.retired) == sorted(set(mem.ring.retired))
+    assert np.count_nonzero(mem.ring.block_state == 1) == 3
 
 
 # ----------------------------------------------------------------------------- concurrency
@@ -237,6 +237,7 @@ def check_n_step(batch, model, history_len, n, gamma, layout):
         assert batch.discount[b] == pytest.approx(0.0 if terminated else gamma ** k, rel=1e-6)
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
 def test_many_writers_and_a_sampler_reusing_its_buffers_see_only_what_was_written(kernels, layout):
     """Six lane writers (add_step's one-call path) and two batch writers in threads, on a
@@ -274,7 +275,7 @@ def test_many_writers_and_a_sampler_reusing_its_buffers_see_only_what_was_writte
     def batch_writer(k):
         from test_memory import write_batched_stream
         try:
-            write_batched_stream(mem, 4, 1500, np.random.default_rng(k), models[k],
+            write_batched_stream(mem, 4, 800, np.random.default_rng(k), models[k],
                                  lane_offset=10 * k)
         except Exception as err:   # pragma: no cover - reported below
             errors.append(err)

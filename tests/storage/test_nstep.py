@@ -145,7 +145,7 @@ def check_batch(mem, batch, script, n, gamma, layout):
         assert bool(batch.is_over[i]) == over
         # The index names the slot holding the state's current frame.
         slot = int(batch.indices[i]) % mem.num_slots
-        assert decode(mem._frames[slot]) == (lane, ep, t)
+        assert decode(mem.ring.frames[slot]) == (lane, ep, t)
 
 
 @pytest.mark.parametrize('num_lanes,history_len,max_size,block_size,n', [
@@ -175,13 +175,13 @@ def test_every_n_step_field_against_reference(num_lanes, history_len, max_size, 
     writers.close()
 
     # Exhaustively: every valid slot's n-step transition, through the sampler's own walk.
-    slots = np.flatnonzero(mem._flags & 1)
-    reward, last, discount, over = mem._n_step(slots, n, gamma)
+    slots = np.flatnonzero(mem.ring.flags & 1)
+    reward, last, discount, over = mem.sampler.n_step(slots, n, gamma)
     for s, r, l_, d, o in zip(slots, reward, last, discount, over):
-        lane, ep, t = decode(mem._frames[s])
+        lane, ep, t = decode(mem.ring.frames[s])
         exp_r, exp_next, exp_d, exp_o = script.expected(lane, ep, t, n, gamma, history_len)
         assert r == pytest.approx(exp_r, rel=1e-5, abs=1e-5)
-        assert decode(mem._frames[l_]) == exp_next[-1]
+        assert decode(mem.ring.frames[l_]) == exp_next[-1]
         assert d == pytest.approx(exp_d) and bool(o) == exp_o
 
 
@@ -195,9 +195,9 @@ def test_n_step_small_case_by_hand():
     w.start_episode([10.0])
     w.add_step(3, 8.0, [11.0])
     w.add_step(4, 16.0, [12.0], terminated=True)  # terminated: discount 0
-    slots = np.flatnonzero(mem._flags & 1)
-    r, last, d, o = mem._n_step(slots, 2, 0.5)
-    got = {int(mem._action[s]): (float(r_), float(mem._frames[l_][0]), float(d_), bool(o_))
+    slots = np.flatnonzero(mem.ring.flags & 1)
+    r, last, d, o = mem.sampler.n_step(slots, 2, 0.5)
+    got = {int(mem.ring.action[s]): (float(r_), float(mem.ring.frames[l_][0]), float(d_), bool(o_))
            for s, r_, l_, d_, o_ in zip(slots, r, last, d, o)}
     assert got == {
         0: (1 + 0.5 * 2, 3.0, 0.25, False),
@@ -231,9 +231,9 @@ def test_sample_n1_matches_sample_batch_fields():
 def test_bad_sample_arguments_name_the_argument(kwargs, name):
     mem = ReplayMemory(100, FRAME_SHAPE, 2)
     write_script(mem, 2, 50, np.random.default_rng(1), Script())
-    before = (mem._flags.copy(), len(mem))
+    before = (mem.ring.flags.copy(), len(mem))
     kwargs = dict(dict(batch_size=8), **kwargs)
     with pytest.raises(ValueError, match=name):
         mem.sample(kwargs.pop('batch_size'), **kwargs)
-    np.testing.assert_array_equal(mem._flags, before[0])
+    np.testing.assert_array_equal(mem.ring.flags, before[0])
     assert len(mem) == before[1]

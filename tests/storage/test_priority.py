@@ -101,8 +101,8 @@ def filled_prioritized(max_size=300, num_lanes=3, rounds=400, seed=0, **kwargs):
 
 
 def all_tokens(mem):
-    slots = np.flatnonzero(mem._flags & VALID)
-    return slots, mem._block_gen[slots // mem.block_size] * mem.num_slots + slots
+    slots = np.flatnonzero(mem.ring.flags & VALID)
+    return slots, mem.ring.block_gen[slots // mem.block_size] * mem.num_slots + slots
 
 
 def test_sampling_distribution_chi_square_over_a_million_draws():
@@ -159,9 +159,9 @@ def test_new_steps_enter_at_running_max_priority():
     mem.update_priorities(tokens[:1], [7.0])
     writers.write(3)
     mem.sample(1)   # flushes the queued new steps into the tree
-    new = np.setdiff1d(np.flatnonzero(mem._flags & VALID), slots)
+    new = np.setdiff1d(np.flatnonzero(mem.ring.flags & VALID), slots)
     assert len(new) > 0
-    tree = mem._priorities.tree
+    tree = mem.ring.priorities.tree
     np.testing.assert_allclose(tree.get(new), (7.0 + 1e-6) ** 0.6)
 
 
@@ -170,11 +170,11 @@ def test_stale_updates_are_skipped_and_counted_and_evicted_slots_leave_the_tree(
     rng = np.random.default_rng(0)
     b = mem.sample(64, rng=rng)
     writers.write(400)            # far more than max_size: every sampled slot is evicted
-    tree = mem._priorities.tree
+    tree = mem.ring.priorities.tree
     mem.sample(1, rng=rng)
     # Evicted slots left the tree; every VALID slot is in it.
     in_tree = tree.get(np.arange(mem.num_slots)) > 0
-    np.testing.assert_array_equal(in_tree, (mem._flags & VALID) != 0)
+    np.testing.assert_array_equal(in_tree, (mem.ring.flags & VALID) != 0)
     before = tree.get(np.arange(mem.num_slots)).copy()
     assert mem.update_priorities(b.indices, np.full(64, 100.0)) == 64
     assert mem.stale_priority_updates == 64
@@ -186,15 +186,45 @@ def test_stale_updates_are_skipped_and_counted_and_evicted_slots_leave_the_tree(
     assert tree.get(b.indices[0] % mem.num_slots) == pytest.approx((9.0 + 1e-6) ** 0.6)
 
 
+def test_an_update_with_repeats_and_stale_entries_leaves_the_tree_of_its_last_values():
+    """Repeated tokens (the last one's priority kept, an earlier larger one raising nothing),
+    stale tokens (skipped, counted), the rest set: the tree, inner nodes included, is then the
+    tree of exactly those leaves."""
+    mem, _, writers = filled_prioritized(seed=6)
+    rng = np.random.default_rng(2)
+    old = mem.sample(32, rng=rng).indices
+    writers.write(400)                                  # every slot of `old` rewritten since
+    slots, tokens = all_tokens(mem)
+    pick = rng.choice(len(slots), 40, replace=False)
+    repeats = np.concatenate([tokens[pick], tokens[pick[:10]]])
+    priorities = np.concatenate([rng.uniform(0, 2, 40), rng.uniform(0, 2, 10)])
+    priorities[:10] = 50.0                              # overridden by the repeats after them
+    prio = mem.ring.priorities
+    top = prio.max_priority
+    stale = mem.update_priorities(np.concatenate([old, repeats]),
+                                  np.concatenate([np.full(len(old), 99.0), priorities]))
+    assert stale == len(old)
+    assert prio.max_priority == max(top, priorities[10:].max())
+    want = {int(t) % mem.num_slots: p for t, p in zip(repeats, priorities)}   # last wins
+    tree = prio.tree
+    got = tree.get(np.array(sorted(want)))
+    np.testing.assert_allclose(got, (np.array([want[k] for k in sorted(want)]) + 1e-6) ** 0.6)
+    leaves = tree.leaves.copy()
+    total, smallest = tree.total, tree.min
+    tree.rebuild()                                      # the inner nodes from the leaves alone
+    assert (tree.total, tree.min) == (total, smallest)
+    np.testing.assert_array_equal(tree.leaves, leaves)
+
+
 def test_queued_steps_are_entered_without_a_sample(monkeypatch):
     """A memory nobody samples from (a long fill) enters its queued steps every FLUSH_AT."""
     from expreplay.storage.priority import PriorityIndex
     monkeypatch.setattr(PriorityIndex, 'FLUSH_AT', 50)
     mem, _, writers = filled_prioritized(seed=7, rounds=300)
-    prio = mem._priorities
+    prio = mem.ring.priorities
     assert len(prio._pending) < 50
     in_tree = prio.tree.get(np.arange(mem.num_slots)) > 0
-    valid = (mem._flags & VALID) != 0
+    valid = (mem.ring.flags & VALID) != 0
     # Every VALID slot is in the tree, or still queued; nothing else is in the tree.
     queued = np.zeros(mem.num_slots, bool)
     queued[prio._pending] = True
@@ -212,10 +242,10 @@ def test_bad_priority_updates_name_the_argument_and_change_nothing(indices, prio
     b = mem.sample(4)
     indices = [b.indices[0] if i == 0 else i for i in np.ravel(indices)] \
         if np.ndim(indices) == 1 and np.asarray(indices).dtype.kind == 'i' else indices
-    before = mem._priorities.tree.get(np.arange(mem.num_slots)).copy()
+    before = mem.ring.priorities.tree.get(np.arange(mem.num_slots)).copy()
     with pytest.raises(ValueError, match=name):
         mem.update_priorities(indices, priorities)
-    np.testing.assert_array_equal(mem._priorities.tree.get(np.arange(mem.num_slots)), before)
+    np.testing.assert_array_equal(mem.ring.priorities.tree.get(np.arange(mem.num_slots)), before)
     assert mem.stale_priority_updates == 0
 
 
@@ -231,6 +261,7 @@ def test_bad_constructor_arguments():
         ReplayMemory(100, (2,), 2).update_priorities([0], [1.0])
 
 
+@pytest.mark.slow   # a concurrency stress run: long by design
 def test_concurrent_writers_sampler_and_priority_updates_give_verified_samples():
     """Four writer threads on their own lanes, a sampler that feeds priorities back, and a
     second updater replaying old (mostly stale) indices, on a memory that wraps around many
@@ -329,5 +360,5 @@ def test_concurrent_writers_sampler_and_priority_updates_give_verified_samples()
     assert mem.stale_priority_updates > 0
     # At rest, the tree holds exactly the VALID slots.
     mem.sample(1)
-    in_tree = mem._priorities.tree.get(np.arange(mem.num_slots)) > 0
-    np.testing.assert_array_equal(in_tree, (mem._flags & VALID) != 0)
+    in_tree = mem.ring.priorities.tree.get(np.arange(mem.num_slots)) > 0
+    np.testing.assert_array_equal(in_tree, (mem.ring.flags & VALID) != 0)

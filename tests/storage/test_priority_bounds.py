@@ -23,23 +23,23 @@ def prioritized(alpha=1.0, priority_eps=1e-6, max_size=500):
 def test_a_priority_too_large_for_the_tree_is_refused_and_changes_nothing():
     mem = prioritized(alpha=1.0)
     batch = mem.sample(32, rng=np.random.default_rng(0))
-    total = mem._priorities.tree.total
+    total = mem.ring.priorities.tree.total
     with pytest.raises(ValueError, match=r'priorities must be at most [\d.e+]+ for this memory '
                                          r'\(alpha=1, \d+ slots\).*got 1e\+308'):
         mem.update_priorities(batch.indices[:1], [1e308])
-    assert mem._priorities.tree.total == total
-    assert mem._priorities.max_priority == 1.0
+    assert mem.ring.priorities.tree.total == total
+    assert mem.ring.priorities.max_priority == 1.0
     again = mem.sample(32, beta=0.5, rng=np.random.default_rng(1))     # the tree still works
     assert np.isfinite(again.weights).all()
 
 
 def test_the_largest_accepted_priority_keeps_every_sum_finite():
     mem = prioritized(alpha=1.0)
-    bound = mem._priorities.priority_bound
-    valid = np.flatnonzero(mem._flags & 1)
-    tokens = mem._block_gen[valid // mem.block_size] * mem.num_slots + valid
+    bound = mem.ring.priorities.priority_bound
+    valid = np.flatnonzero(mem.ring.flags & 1)
+    tokens = mem.ring.block_gen[valid // mem.block_size] * mem.num_slots + valid
     assert mem.update_priorities(tokens, np.full(len(valid), bound)) == 0   # every slot at it
-    assert np.isfinite(mem._priorities.tree.total)
+    assert np.isfinite(mem.ring.priorities.tree.total)
     batch = mem.sample(64, beta=0.4, rng=np.random.default_rng(2))
     assert np.isin(batch.indices % mem.num_slots, valid).all() and np.isfinite(batch.weights).all()
     # A new step enters at the running maximum, which is the bound: still finite.
@@ -48,14 +48,14 @@ def test_the_largest_accepted_priority_keeps_every_sum_finite():
     w.add_step(0, 0.0, np.ones(2, np.uint8))
     w.add_step(0, 0.0, np.ones(2, np.uint8))
     mem.sample(8, rng=np.random.default_rng(3))
-    assert np.isfinite(mem._priorities.tree.total)
+    assert np.isfinite(mem.ring.priorities.tree.total)
 
 
 def test_with_a_small_alpha_every_finite_priority_fits():
     mem = prioritized(alpha=0.6)
     batch = mem.sample(16, rng=np.random.default_rng(0))
     mem.update_priorities(batch.indices, np.full(16, 1e308))
-    assert np.isfinite(mem._priorities.tree.total)
+    assert np.isfinite(mem.ring.priorities.tree.total)
     mem.sample(16, beta=1.0, rng=np.random.default_rng(1))
 
 

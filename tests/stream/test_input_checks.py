@@ -15,7 +15,7 @@ import pytest
 import expreplay
 from expreplay import Experience, ReplayMemory
 from expreplay.storage.memory import as_frame
-from expreplay.stream import ReplayStream
+from expreplay.stream import Population, ReplayStream, Sampling
 
 
 def float_memory(**kwargs):
@@ -230,27 +230,38 @@ def test_sample_batch_refuses_bad_arguments_naming_them(kwargs, error, match):
 
 
 # ---------------------------------------------------------------- ReplayStream arguments
-def stream_args(**kwargs):
-    args = dict(predictor=None, get_player=lambda: None, num_parallel_players=2, state_shape=(6,),
-                batch_size=16, memory_size=600, init_memory_size=100, update_frequency=4,
+def build_stream(**kwargs):
+    """A stream of small settings; ``kwargs`` are the new settings of its parts, by the name
+    each part gives them."""
+    args = dict(predictor=None, get_player=lambda: None, num_players=2, state_shape=(6,),
+                batch_size=16, max_size=600, init_memory_size=100, update_frequency=4,
                 history_len=3, progress=False)
     args.update(kwargs)
-    return args
+    memory = {k: args.pop(k) for k in ('max_size', 'state_shape', 'history_len', 'dtype')
+              if k in args}
+    population = {k: args.pop(k) for k in ('get_player', 'num_players', 'predictor',
+                                           'exploration', 'maximum_staleness',
+                                           'on_episode_end') if k in args}
+    sampling = {k: args.pop(k) for k in ('batch_size', 'update_frequency', 'layout') if k in args}
+    if 'seed' in args:                 # seeds the players and the draws
+        population['seed'] = sampling['seed'] = args.pop('seed')
+    return ReplayStream(ReplayMemory(**memory), Population(**population), Sampling(**sampling),
+                        **args)
 
 
 @pytest.mark.parametrize('kwargs, error, match', [
     (dict(batch_size=True), TypeError, 'batch_size'),
     (dict(batch_size=16.5), ValueError, 'batch_size'),
-    (dict(memory_size=float('inf')), ValueError, 'memory_size'),
-    (dict(memory_size='600'), TypeError, 'memory_size'),
-    (dict(num_parallel_players=0), ValueError, 'num_parallel_players'),
+    (dict(max_size=float('inf')), ValueError, 'max_size'),
+    (dict(max_size='600'), TypeError, 'max_size'),
+    (dict(num_players=0), ValueError, 'num_players'),
     (dict(history_len=2.9), ValueError, 'history_len'),
     (dict(seed='abc'), TypeError, 'seed'),
     (dict(seed=-1), ValueError, 'seed'),
     (dict(seed=1.5), TypeError, 'seed'),
     (dict(state_shape='84'), TypeError, 'state_shape'),
     (dict(state_shape=(6.0,)), TypeError, 'state_shape'),
-    (dict(state_dtype=None), TypeError, 'state_dtype'),
+    (dict(dtype=None), TypeError, 'dtype'),
     (dict(exploration=1.5), ValueError, 'exploration'),
     (dict(exploration='1'), ValueError, 'exploration'),
     (dict(maximum_staleness=0), ValueError, 'maximum_staleness'),
@@ -259,14 +270,16 @@ def stream_args(**kwargs):
     (dict(predictor=42), TypeError, 'predictor'),
     (dict(on_episode_end=42), TypeError, 'on_episode_end'),
     (dict(progress='yes'), TypeError, 'progress'),
+    (dict(init_memory_size=-1), ValueError, 'init_memory_size'),
+    (dict(init_memory_size=601), ValueError, 'init_memory_size'),
 ])
 def test_replay_stream_refuses_bad_arguments_naming_them(kwargs, error, match):
     with pytest.raises(error, match=match):
-        ReplayStream(**stream_args(**kwargs))
+        build_stream(**kwargs)
 
 
 def test_replay_stream_exploration_assignments_are_checked():
-    stream = ReplayStream(**stream_args())
+    stream = build_stream()
     stream.exploration = np.float32(0.25)
     assert stream.exploration == 0.25 and type(stream.exploration) is float
     for bad in (1.5, -0.1, math.nan, '0.1', None):
@@ -276,11 +289,27 @@ def test_replay_stream_exploration_assignments_are_checked():
 
 
 def test_replay_stream_accepts_whole_float_sizes_like_replay_memory():
-    stream = ReplayStream(**stream_args(memory_size=1e3, init_memory_size=1e2, batch_size=16.0,
-                                        update_frequency=4.0, history_len=3.0, seed=np.int64(7)))
-    assert (stream.memory_size, stream.init_memory_size, stream.batch_size) == (1000, 100, 16)
-    assert stream.memory.max_size == 1000 and stream.seed == 7
-    assert type(stream.memory_size) is int
+    stream = build_stream(max_size=1e3, init_memory_size=1e2, batch_size=16.0,
+                          update_frequency=4.0, history_len=3.0, num_players=2.0,
+                          seed=np.int64(7))
+    assert (stream.memory.max_size, stream.init_memory_size, stream.sampling.batch_size,
+            stream.sampling.update_frequency, stream.population.num_players) == (1000, 100, 16, 4, 2)
+    assert stream.population.seed == 7 and stream.sampling.seed == 7
+    assert all(type(v) is int for v in (stream.init_memory_size, stream.sampling.batch_size,
+                                        stream.sampling.update_frequency,
+                                        stream.population.num_players))
+
+
+def test_a_float_env_with_the_default_uint8_memory_is_refused_naming_the_fix():
+    """CartPole's float observations, stored in the default uint8 frames, would fail at the
+    first step in a simulator thread: refused when the stream is built, with the fix."""
+    gym = pytest.importorskip('gymnasium')
+    with pytest.raises(ValueError, match=r"float32.*dtype='uint8' can not store: pass dtype='float32'"):
+        build_stream(get_player=lambda: gym.make('CartPole-v1'), state_shape=(4,))
+    with pytest.raises(ValueError, match=r"shape \(4,\).*state_shape=\(6,\)"):
+        build_stream(get_player=lambda: gym.make('CartPole-v1'), dtype='float32')
+    build_stream(get_player=lambda: gym.make('CartPole-v1'), state_shape=(4,),
+                 dtype='float32').close()
 
 
 # ---------------------------------------------------------------- episode schedulers

@@ -16,7 +16,7 @@ import pytest
 
 from expreplay import ReplayMemory
 from expreplay.acting import RunnerError
-from expreplay.stream import DEFAULT_PREFETCH, PredictorSlot, ReplayStream
+from expreplay.stream import DEFAULT_PREFETCH, Population, PredictorSlot, ReplayStream, Sampling
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, check_batch, decode
 
 HISTORY = 3
@@ -54,12 +54,41 @@ def prefer(action, num_actions=3):
     return q_values
 
 
-def make_stream(factory, predictor=None, **kwargs):
+# Which part of the stream each setting belongs to (make_stream's keywords -> the part's).
+MEMORY_ARGS = {'memory_size': 'max_size', 'state_shape': 'state_shape',
+               'history_len': 'history_len', 'state_dtype': 'dtype',
+               'prioritized': 'prioritized', 'alpha': 'alpha', 'priority_eps': 'priority_eps'}
+POPULATION_ARGS = {'num_parallel_players': 'num_players', 'exploration': 'exploration',
+                   'maximum_staleness': 'maximum_staleness', 'seed': 'seed',
+                   'episode_starts': 'episode_starts', 'episode_log_dir': 'episode_log_dir',
+                   'on_episode_end': 'on_episode_end', 'runner_kwargs': 'runner_kwargs',
+                   'manager_kwargs': 'manager_kwargs'}
+SAMPLING_ARGS = {'batch_size': 'batch_size', 'update_frequency': 'update_frequency',
+                 'samples_per_insert': 'samples_per_insert', 'n_step': 'n_step',
+                 'gamma': 'gamma', 'beta': 'beta', 'layout': 'layout', 'seed': 'seed'}
+
+
+def make_stream(factory, predictor=None, memory=None, **kwargs):
+    """A stream of the test's settings; ``kwargs`` go to the part that owns each (a given
+    ``memory`` replaces the memory's settings)."""
     args = dict(num_parallel_players=2, state_shape=(6,), batch_size=16, memory_size=600,
                 init_memory_size=100, update_frequency=4, history_len=HISTORY, seed=0,
                 progress=False)
     args.update(kwargs)
-    return ReplayStream(predictor, factory, **args)
+
+    used = set()
+
+    def part(names):
+        used.update(mine for mine in names if mine in args)
+        return {theirs: args[mine] for mine, theirs in names.items() if mine in args}
+
+    sampling = Sampling(**part(SAMPLING_ARGS))
+    population = Population(factory, predictor=predictor, **part(POPULATION_ARGS))
+    memory_args = part(MEMORY_ARGS)
+    if memory is None:
+        memory = ReplayMemory(**memory_args)
+    return ReplayStream(memory, population, sampling,
+                        **{k: v for k, v in args.items() if k not in used})
 
 
 def our_threads():
@@ -114,7 +143,8 @@ def draw_logged_stream(factory, **kwargs):
     memory = DrawLog(kwargs.pop('memory_size', 600), (6,), HISTORY,
                      prioritized=kwargs.get('prioritized', False))
     memory.draws = []
-    stream = make_stream(factory, memory=memory, memory_size=memory.max_size, **kwargs)
+    kwargs.pop('prioritized', None)     # the memory's, given above
+    stream = make_stream(factory, memory=memory, **kwargs)
     memory.stream = stream
     return stream, memory
 
@@ -241,7 +271,7 @@ def test_a_failing_env_surfaces_from_the_iteration(players, prefetch):
 
 def test_memory_argument_and_sample():
     memory = ReplayMemory(300, (6,), HISTORY)
-    with make_stream(EnvFactory(), memory=memory, memory_size=300, init_memory_size=40) as stream:
+    with make_stream(EnvFactory(), memory=memory, init_memory_size=40) as stream:
         stream.start()
         assert stream.memory is memory and len(memory) >= 40
         written = memory.num_steps_written
@@ -267,7 +297,7 @@ def test_bad_arguments_fail_at_construction():
     with pytest.raises(ValueError, match='layout'):
         make_stream(EnvFactory(), layout='NCWH')
     with pytest.raises(TypeError, match='get_player'):
-        ReplayStream(None, 'not callable', 1, (6,), 4, 100, 10, 4, 2)
+        Population('not callable', 1)
 
 
 def test_stream_does_not_import_tensorflow():
@@ -351,7 +381,7 @@ def test_several_single_env_players_default_to_one_pipelined_thread(manager_kwar
             check_batch(batch, factory.envs, HISTORY)
             if k == 20:
                 break
-        assert stream._population.manager.pipelined == pipelined
+        assert stream.population.manager.pipelined == pipelined
         assert sorted(our_threads()) == threads
         assert all(env.steps_taken > 0 for env in factory.envs.values())   # every player steps
     assert our_threads() == []
@@ -367,7 +397,7 @@ def test_vector_env_players_get_a_thread_each():
     stream = make_stream(get_player, prefer(1), num_parallel_players=2, init_memory_size=40)
     with stream:
         take(iter(stream), 5)
-        assert not stream._population.manager.pipelined
+        assert not stream.population.manager.pipelined
         assert sorted(our_threads()) == ['InferenceThread', 'ReplayStream-prefetch',
                                          'SimulatorThread-0', 'SimulatorThread-1']
     assert our_threads() == []
@@ -376,17 +406,14 @@ def test_vector_env_players_get_a_thread_each():
 # ---------------------------------------------------------------------- arguments checked early
 @pytest.mark.parametrize('kwargs,error,words', [
     (dict(prioritized='no'), TypeError, 'prioritized'),
-    (dict(prioritized=1), TypeError, 'prioritized'),
+    (dict(prioritized=2), TypeError, 'prioritized'),      # the memory's rule: 0 and 1 are bools
     (dict(runner_kwargs=3), TypeError, 'runner_kwargs'),
     (dict(runner_kwargs={'life_loss_terminals': True}), TypeError, "runner_kwargs.*'life_loss_terminals'"),
     (dict(runner_kwargs={'memory': None}), TypeError, "runner_kwargs.*'memory'"),
     (dict(manager_kwargs=[('max_restarts', 1)]), TypeError, 'manager_kwargs'),
     (dict(manager_kwargs={'max_restart': 1}), TypeError, "manager_kwargs.*'max_restart'"),
-    (dict(memory=ReplayMemory(600, (7,), HISTORY)), ValueError, 'state_shape'),
-    (dict(memory=ReplayMemory(600, (6,), HISTORY + 1)), ValueError, 'history_len'),
-    (dict(memory=ReplayMemory(600, (6,), HISTORY, 'float32')), ValueError, 'state_dtype'),
-    (dict(memory=ReplayMemory(700, (6,), HISTORY)), ValueError, 'memory_size'),
     (dict(memory='a memory'), TypeError, 'memory'),
+    (dict(init_memory_size=601), ValueError, 'init_memory_size'),
     (dict(prefetch=-1), ValueError, 'prefetch'),
     (dict(prefetch=1.5), (TypeError, ValueError), 'prefetch'),
 ])
@@ -397,15 +424,40 @@ def test_bad_stream_arguments_fail_at_construction_naming_the_argument(kwargs, e
     assert factory.envs == {}        # refused before any player was built
 
 
+@pytest.mark.parametrize('memory,words', [
+    (ReplayMemory(600, (7,), HISTORY), r'shape \(6,\).*state_shape=\(7,\).*state_shape=\(6,\)'),
+    (ReplayMemory(600, (6, 2), HISTORY), r'state_shape=\(6, 2\)'),
+    (ReplayMemory(600, (6,), HISTORY, 'int8'), r"uint8 in \[0, 255\].*dtype='int8'.*pass dtype='uint8'"),
+    (ReplayMemory(600, (6,), HISTORY, bool), r"dtype='bool'"),
+])
+def test_a_memory_the_players_observations_do_not_fit_is_refused_at_construction(memory, words):
+    """The first player's observation space is read when the stream is built (that player
+    becomes the first runner's): frames the memory can not store are refused then, naming the
+    memory's setting and the fix, not at the first step in a simulator thread."""
+    factory = EnvFactory(OldApiScriptedEnv)      # records close()
+    with pytest.raises(ValueError, match=words):
+        make_stream(factory, memory=memory)
+    assert len(factory.envs) == 1 and factory.envs[0].closed   # the checked player is closed
+
+
+def test_the_checked_player_is_the_first_runners():
+    factory = EnvFactory()
+    with make_stream(factory, prefer(1), num_parallel_players=2, init_memory_size=40) as stream:
+        assert len(factory.envs) == 1          # built by the check, at construction
+        take(iter(stream), 3)
+        assert len(factory.envs) == 2 and all(env.steps_taken for env in factory.envs.values())
+        assert [r.player for r in stream.population.runners] == [factory.envs[0], factory.envs[1]]
+
+
 def test_good_runner_and_manager_kwargs_still_reach_them():
     stream = make_stream(EnvFactory(lives=3, life_every=4), prefer(1),
                          runner_kwargs={'life_loss_terminal': True},
                          manager_kwargs={'max_restarts': 2, 'max_inference_batch': 8})
     with stream:
         take(iter(stream), 3)
-        manager = stream._population.manager
+        manager = stream.population.manager
         assert manager.max_restarts == 2
-        assert all(r.life_loss_terminal for r in stream._population.runners)
+        assert all(r.life_loss_terminal for r in stream.population.runners)
 
 
 # ---------------------------------------------------------------------- the ratio, per player
@@ -452,9 +504,12 @@ PLAYERS = {
     'envpool-async': (lambda: _envpool(2), dict(num_parallel_players=1, state_shape=(84, 84),
                                                 num_actions=6, seed=None)),
 }
+# Pong's emulator makes these 3-8 s each; the scripted players check the same rule fast.
+SLOW_PLAYERS = ('envpool-sync', 'envpool-async')
 
 
-@pytest.mark.parametrize('player', sorted(PLAYERS))
+@pytest.mark.parametrize('player', [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PLAYERS
+                                    else p for p in sorted(PLAYERS)])
 @pytest.mark.parametrize('schedule', ['update_frequency', 'samples_per_insert'])
 def test_measured_ratio_is_the_asked_one_for_every_player(player, schedule, prefetch):
     """16 sampled transitions per inserted one (batch 16, update_frequency 4), counted in the

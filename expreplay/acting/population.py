@@ -1,0 +1,459 @@
+"""Population: the players that keep a replay memory filled, and everything about how they act.
+
+One object owns the acting side's settings: where the players come from (``get_player``), how
+many, the Q-function they act greedily with, epsilon, how many step requests may be pending
+(the staleness), the seeds, how episodes start and where they are logged, and the options of
+the runners and of their manager. It builds the :class:`~expreplay.EnvRunner` s and the
+:class:`~expreplay.EnvRunnerManager` when it is started on a memory, steps them on request, reads
+their statistics and stops them. It knows nothing about batches: a
+:class:`~expreplay.stream.ReplayStream` decides when to step it, and a script that samples the
+memory itself can drive it alone::
+
+    population = Population(make_env, 4, q_values, exploration=1.0)
+    population.start(memory)
+    for _ in range(1000):
+        population.step(population.exploration)
+    population.close()
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import contextlib
+import inspect
+import logging
+import os
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from .._checks import check_callable, check_int, check_probability, check_seed
+from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
+from .group import EnvRunner
+from .manager import EnvRunnerManager
+
+if TYPE_CHECKING:
+    from ..storage.memory import ReplayMemory
+
+__all__ = ['Population', 'PredictorSlot']
+
+logger = logging.getLogger(__name__)
+
+# Keyword arguments the population sets itself (runner_kwargs may still override seed, index
+# and player_factory, and give episode_starts / on_episode_end, which the population combines).
+_SETS_FOR_RUNNER = ('player', 'predictor', 'memory', 'history_len')
+_SETS_FOR_MANAGER = ('env_runners', 'maximum_staleness')
+
+
+class PredictorSlot:
+    """A swappable predictor that the runners call: replacing it takes effect on the next call.
+
+    The runners use tensorpack's convention, ``predictor(states)[0]`` is the Q-value array. A
+    function that returns the Q-value array itself (a numpy array, a torch or JAX tensor, anything
+    that is not a list or tuple) is wrapped so that both conventions work.
+    """
+
+    def __init__(self, predictor: Callable[[np.ndarray], Any] | None = None) -> None:
+        self._predictor = predictor
+
+    def set(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
+        """Use ``predictor`` from the next call on (a plain attribute store: atomic)."""
+        if predictor is not None and not callable(predictor):
+            raise TypeError(f"predictor must be callable, got {predictor!r}")
+        self._predictor = predictor
+
+    @property
+    def current(self) -> Callable[[np.ndarray], Any] | None:
+        """The predictor the next call uses."""
+        return self._predictor
+
+    def __call__(self, states: np.ndarray) -> list | tuple:
+        predictor = self._predictor
+        if predictor is None:
+            raise RuntimeError("no predictor set: the runners needed a greedy action before the "
+                               "Q-function was given (set one, or use exploration=1.0)")
+        out = predictor(states)
+        if isinstance(out, (list, tuple)):
+            return out
+        return [np.asarray(out)]
+
+
+class Population:
+    """The players, the Q-function they act with, and the manager that steps them.
+
+    Args:
+        get_player: a callable returning a new environment: a gymnasium Env, an old-gym-API env
+            (``reset() -> obs``, 4-tuple ``step``), a gymnasium VectorEnv, an EnvPool or a
+            :class:`~expreplay.ray.RayVectorEnv`. Called once per player (the first when a
+            stream checks the observation space, see :meth:`check_fits`), and again to
+            replace a player that crashed when ``manager_kwargs`` allows restarts.
+        num_players (int): players, i.e. runners (a vector player counts once).
+        predictor: the Q-function, ``predictor(states)`` with ``states`` of shape
+            ``(n, *state_shape, history_len)`` (channels-last, oldest frame first, the memory's
+            dtype). It returns the Q-values ``(n, num_actions)``, or a list of outputs whose
+            first is the Q-values (tensorpack's convention). With several players it is called
+            from one inference thread (never concurrently), with one player from the thread
+            that requests the steps (a stream's prefetch thread, which enters
+            ``manager_kwargs['thread_context']`` if given). None is allowed while
+            ``exploration`` is 1 (no greedy action is needed); see :meth:`set_predictor`.
+        exploration (float): initial epsilon of the epsilon-greedy runners, in [0, 1]; assign
+            :attr:`exploration` to change it.
+        maximum_staleness (int): step requests that may be pending. None: chosen by whoever
+            starts the population (a stream: twice the steps it requests per batch, as
+            tensorpack's reference).
+        seed (int): seeds the environments' first resets (runner ``i`` gets a seed derived
+            from it and ``i``); None: unseeded.
+        episode_starts: an episode-start scheduler shared by all runners (seed schedules, a
+            curriculum, a restart pool: see :mod:`expreplay.acting.episodes`). With
+            :class:`~expreplay.acting.episodes.ProceduralSeeds` two runs with the same base seed
+            and ``num_players`` play the same episode seeds.
+        episode_log_dir (str): if given, every finished episode is appended to
+            ``<episode_log_dir>/episodes.jsonl`` (:class:`~expreplay.acting.episodes.EpisodeLog`:
+            flushed and fsync'd per episode; a resumed run appends). The attribute of the same
+            name may be changed until :meth:`start`.
+        on_episode_end (callable): called with every
+            :class:`~expreplay.acting.episodes.EpisodeRecord`, from the simulator threads.
+        runner_kwargs (dict): more keyword arguments for every :class:`~expreplay.EnvRunner`
+            (e.g. ``life_loss_terminal=True`` for Atari); a key EnvRunner does not take, or
+            one the population sets itself, is refused here.
+        manager_kwargs (dict): more keyword arguments (checked the same way) for the
+            :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts``,
+            ``max_inference_batch``, ``close_timeout``). ``simulator_threads`` keeps the
+            manager's default (single-env players share one pipelined thread, each vector
+            player gets its own); ``num_players`` gives one thread per player (envs that
+            release the GIL, with cores to spare).
+
+    Nothing is built until :meth:`start` (but :meth:`check_fits` builds the first player).
+    A population serves one memory, once: started, closed, not restarted.
+    """
+
+    def __init__(self, get_player: Callable[[], Any], num_players: int = 1,
+                 predictor: Callable[[np.ndarray], Any] | None = None, *,
+                 exploration: float = 1.0, maximum_staleness: int | None = None,
+                 seed: int | None = None, episode_starts: Any = None,
+                 episode_log_dir: str | os.PathLike | None = None,
+                 on_episode_end: Callable[[EpisodeRecord], None] | None = None,
+                 runner_kwargs: collections.abc.Mapping[str, Any] | None = None,
+                 manager_kwargs: collections.abc.Mapping[str, Any] | None = None) -> None:
+        self.get_player = check_callable(get_player, 'get_player')
+        check_callable(predictor, 'predictor', allow_none=True)
+        # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
+        self.num_players = check_int(num_players, 'num_players', 1, allow_float=True)
+        self.exploration = exploration           # checked by the property
+        self.maximum_staleness = None if maximum_staleness is None else check_int(
+            maximum_staleness, 'maximum_staleness', 1, allow_float=True)
+        self.seed = check_seed(seed, 'seed')
+        self._runner_kwargs = _check_kwargs(runner_kwargs, 'runner_kwargs', EnvRunner,
+                                            _SETS_FOR_RUNNER)
+        runner_starts = self._runner_kwargs.pop('episode_starts', None)
+        if episode_starts is not None and runner_starts is not None:
+            raise ValueError("episode_starts is given twice (also in runner_kwargs)")
+        # `is None`, not `or`: a scheduler may define __len__ (an empty RestartPool is falsy).
+        self.episode_starts = episode_starts if episode_starts is not None else runner_starts
+        self.episode_log_dir = episode_log_dir
+        self._on_episode_end = [check_callable(on_episode_end, 'on_episode_end', allow_none=True),
+                                self._runner_kwargs.pop('on_episode_end', None)]
+        self._manager_kwargs = _check_kwargs(manager_kwargs, 'manager_kwargs', EnvRunnerManager,
+                                             _SETS_FOR_MANAGER)
+        self._predictor = PredictorSlot(predictor)
+        self.episode_totals = EpisodeTotals()    # episodes finished, over the whole run
+        self.episode_log: EpisodeLog | None = None   # while started with a log directory
+        self.runners: list[EnvRunner] = []
+        self.manager: EnvRunnerManager | None = None
+        self._first_player: Any = None    # built by check_fits, given to the first runner
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ acting settings
+    @property
+    def exploration(self) -> float:
+        """Epsilon of the runners; assign it to change it (the next step request carries it)."""
+        return self._exploration
+
+    @exploration.setter
+    def exploration(self, value: float) -> None:
+        self._exploration = check_probability(value, 'exploration')
+
+    @property
+    def predictor(self) -> Callable[[np.ndarray], Any] | None:
+        """The Q-function the runners use (see ``predictor`` in the class docstring)."""
+        return self._predictor.current
+
+    @predictor.setter
+    def predictor(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
+        self._predictor.set(predictor)
+
+    def set_predictor(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
+        """Give the runners a new Q-function (e.g. after copying the learner's weights).
+
+        Takes effect from the next greedy action any runner takes. A predictor that reads
+        the live weights (a closure over a PyTorch module, say) needs no update at all.
+        """
+        self._predictor.set(predictor)
+
+    @property
+    def thread_context(self) -> Callable[[], contextlib.AbstractContextManager] | None:
+        """``manager_kwargs['thread_context']`` when the population steps inline (one player:
+        the requesting thread makes the env and predictor calls and must enter it), else None."""
+        return self._manager_kwargs.get('thread_context') if self.num_players == 1 else None
+
+    @property
+    def close_timeout(self) -> float:
+        """Seconds :meth:`close` waits for the threads (the manager's ``close_timeout``)."""
+        if self.manager is not None:
+            return self.manager.close_timeout
+        default = inspect.signature(EnvRunnerManager).parameters['close_timeout'].default
+        return float(self._manager_kwargs.get('close_timeout', default))
+
+    # ------------------------------------------------------------------ checks and start
+    def check_fits(self, state_shape: tuple[int, ...], dtype: np.dtype, *,
+                   shape_arg: str = 'state_shape', dtype_arg: str = 'dtype') -> None:
+        """Refuse players whose observations a memory of ``state_shape`` frames of ``dtype``
+        can not store, before any step is taken.
+
+        Builds the first player (it becomes the first runner's) and reads its observation
+        space (a vector player's ``single_observation_space``); a player without one is not
+        checked here (its observations are, at every step). Raises ValueError naming
+        ``shape_arg`` or ``dtype_arg`` (the caller's names for the two settings) and the fix.
+        """
+        with self._lock:
+            if self._first_player is None and not self.runners:
+                self._first_player = self.get_player()
+            player = self._first_player
+        if player is None:
+            return
+        try:
+            check_observation_space(player, state_shape, dtype, shape_arg=shape_arg,
+                                    dtype_arg=dtype_arg)
+        except ValueError:
+            with self._lock:
+                self._first_player = None     # refused: not kept for a runner
+            _close_quietly(player)
+            raise
+
+    def start(self, memory: ReplayMemory, *, default_staleness: int = 1) -> None:
+        """Build the runners on ``memory`` and their manager (``maximum_staleness``:
+        ``default_staleness`` when it was left None). Steps nothing."""
+        with self._lock:
+            if self.runners or self._closed:
+                raise RuntimeError("the Population is started already (or closed)")
+            if self.episode_log_dir is not None:
+                self.episode_log = EpisodeLog(os.path.join(os.fspath(self.episode_log_dir),
+                                                           EPISODE_LOG_FILENAME))
+            first, self._first_player = self._first_player, None
+            try:
+                self._build(memory, first, default_staleness)
+            except BaseException:
+                if self.episode_log is not None:
+                    self.episode_log.close()
+                raise
+
+    def _build(self, memory: ReplayMemory, first: Any, default_staleness: int) -> None:
+        on_end = _Fanout([self.episode_totals, self.episode_log, *self._on_episode_end])
+        runners: list[EnvRunner] = []
+        try:
+            for index in range(self.num_players):
+                # player_factory lets the manager replace a crashed env (max_restarts).
+                kwargs = dict(dict(seed=self.seed, index=index, player_factory=self.get_player),
+                              **self._runner_kwargs)
+                player = first if index == 0 and first is not None else self.get_player()
+                runners.append(EnvRunner(player, self._predictor, memory, memory.history_len,
+                                         episode_starts=self.episode_starts,
+                                         on_episode_end=on_end, **kwargs))
+            staleness = self.maximum_staleness or default_staleness
+            self.manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+        except BaseException:
+            for runner in runners:
+                _close_quietly(runner)
+            if first is not None and not runners:
+                _close_quietly(first)
+            raise
+        self.runners = runners
+
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` built the runners (also once they are closed)."""
+        return self.manager is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def per_request(self) -> int:
+        """The most steps one request can store (the largest vector player's ``num_envs``)."""
+        return max(int(getattr(r, 'num_envs', 1)) for r in self.runners)
+
+    @property
+    def inline(self) -> bool:
+        """One runner steps inline, in the thread that requests: that thread does the env calls."""
+        return self.num_players == 1
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, exploration: float) -> None:
+        """Request one step of a runner (see :meth:`EnvRunnerManager.step`)."""
+        self._manager().step(exploration)
+
+    def progress(self) -> tuple[int, int]:
+        """``(steps stored, requests pending)`` (see :meth:`EnvRunnerManager.progress`; also
+        after :meth:`close`)."""
+        return self._manager().progress()
+
+    def wait_idle(self) -> None:
+        """Wait until no request is pending."""
+        self._manager().wait_idle()
+
+    def _manager(self) -> EnvRunnerManager:
+        if self.manager is None:
+            raise RuntimeError("the Population is not started: call start(memory)")
+        return self.manager
+
+    # ------------------------------------------------------------------ statistics
+    def reset_stats(self) -> tuple[float | None, float | None]:
+        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;
+        starts a new statistics window."""
+        if self.manager is None or self._closed:
+            return None, None
+        return self.manager.reset_stats()
+
+    def stats(self) -> dict[str, Any]:
+        """The manager's figures since the last :meth:`reset_stats` (``games``, ``mean_score``,
+        ``max_score``, ``mean_episode_length``, ``steps``, ``steps_per_sec``,
+        ``inference_calls``, ``mean_inference_batch``, ``queue_depth``, ``restarts``, ...; None
+        where there is no data; none before :meth:`start`), plus ``greedy_fraction`` (states
+        predicted per step: 1 - the exploration the runners applied) and totals since the
+        start (not reset): ``episodes_total`` (episodes finished), ``episodes_started_total``
+        and ``restart_starts`` (episodes started from a restart point, see
+        :class:`~expreplay.acting.episodes.RestartPool`)."""
+        live = self.manager is not None and not self._closed
+        out = dict(self.manager.stats()) if live and self.manager is not None else {}
+        starts = self.start_counts()
+        out['episodes_total'] = self.episode_totals.snapshot()['episodes']
+        out['episodes_started_total'] = sum(starts.values())
+        out['restart_starts'] = starts.get('restart', 0)
+        steps, calls = out.get('steps'), out.get('inference_calls')
+        if steps and calls is not None:
+            # States sent to the predictor per step taken: the share of greedy actions, i.e.
+            # 1 - the exploration the runners actually applied in this window.
+            rows = calls * (out.get('mean_inference_batch') or 0.0)
+            out['greedy_fraction'] = min(1.0, rows / steps)
+        return out
+
+    def start_counts(self) -> dict[str, int]:
+        """Episodes started so far per start kind, over all runners (kept after close)."""
+        out: dict[str, int] = {}
+        for runner in self.runners:
+            for kind, n in runner.start_counts().items():
+                out[kind] = out.get(kind, 0) + n
+        return out
+
+    # ------------------------------------------------------------------ stopping
+    def close(self) -> None:
+        """Stop and join every simulator thread and close the players, then the episode log;
+        idempotent. A runner fault not raised yet is raised here."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            manager, first = self.manager, self._first_player
+            self._first_player = None
+        if first is not None:                 # checked but never started
+            _close_quietly(first)
+        try:
+            if manager is not None:
+                manager.close()
+        finally:
+            if self.episode_log is not None:
+                self.episode_log.close()      # after the threads: their last records are in it
+
+
+def check_observation_space(player: Any, state_shape: tuple[int, ...], dtype: Any, *,
+                            shape_arg: str = 'state_shape', dtype_arg: str = 'dtype') -> None:
+    """Refuse ``player`` if its observation space has frames a memory of ``state_shape`` and
+    ``dtype`` can not store (see :meth:`Population.check_fits`)."""
+    space = getattr(player, 'single_observation_space', None)
+    batched = False
+    if space is None:
+        space = getattr(player, 'observation_space', None)
+        batched = hasattr(player, 'num_envs')     # a look-alike may give the batched space
+    shape, space_dtype = getattr(space, 'shape', None), getattr(space, 'dtype', None)
+    if shape is None or space_dtype is None:
+        return
+    shape, dtype, state_shape = tuple(shape), np.dtype(dtype), tuple(state_shape)
+    # The runners' rule (FrameFormat): equal once the axes of size 1 are removed.
+    fits = [_squeezed(shape)] + ([_squeezed(shape[1:])] if batched and shape else [])
+    if _squeezed(state_shape) not in fits:
+        frame = shape[1:] if batched and shape and _squeezed(shape[1:]) else shape
+        raise ValueError(f"get_player() returns a player whose observations have shape "
+                         f"{shape} ({space!r}), which {shape_arg}={state_shape} does not "
+                         f"fit: pass {shape_arg}={frame}")
+    problem = _lossy(space, np.dtype(space_dtype), dtype)
+    if problem is not None:
+        raise ValueError(f"get_player() returns a player whose observations are {problem} "
+                         f"({space!r}), which {dtype_arg}='{dtype}' can not store: pass "
+                         f"{dtype_arg}='{_storing_dtype(np.dtype(space_dtype))}'")
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def _lossy(space: Any, src: np.dtype, dtype: np.dtype) -> str | None:
+    """Why values of ``space`` can not be stored as ``dtype`` (the memory's rule, read on the
+    space's dtype and bounds), or None."""
+    if dtype.kind == 'f' or src == dtype or src.kind not in 'biuf':
+        return None   # a float memory takes what is finite; other kinds are checked per step
+    if src.kind == 'f':
+        return f"{src}"
+    low, high = getattr(space, 'low', None), getattr(space, 'high', None)
+    if low is None or high is None or src.kind == 'b':
+        return None
+    lo, hi = (0, 1) if dtype.kind == 'b' else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    low, high = np.asarray(low), np.asarray(high)
+    if low.size and (low.min() < lo or high.max() > hi):
+        return f"{src} in [{low.min()}, {high.max()}]"
+    return None
+
+
+def _storing_dtype(src: np.dtype) -> str:
+    return 'float32' if src.kind == 'f' else str(src)
+
+
+class _Fanout:
+    """Calls each of several episode-end callbacks in turn (one runner callback, many jobs)."""
+
+    def __init__(self, callbacks: list[Any]) -> None:
+        self.callbacks = [cb for cb in callbacks if cb is not None]
+
+    def __call__(self, record: EpisodeRecord) -> None:
+        for callback in self.callbacks:
+            callback(record)
+
+
+def _check_kwargs(kwargs: collections.abc.Mapping[str, Any] | None, name: str, target: Any,
+                  reserved: tuple[str, ...]) -> dict[str, Any]:
+    """A copy of ``kwargs`` (None: empty) after checking that it is a mapping of keyword
+    arguments that ``target`` (EnvRunner or EnvRunnerManager) accepts."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, collections.abc.Mapping):
+        raise TypeError(f"{name} must be a dict of keyword arguments for {target.__name__}, "
+                        f"got {kwargs!r}")
+    accepted = set(inspect.signature(target).parameters) - set(reserved)
+    for key in kwargs:
+        if key not in accepted:
+            hint = (f" (the Population sets {key!r} itself)" if key in reserved else
+                    f"; it takes {', '.join(sorted(accepted))}")
+            raise TypeError(f"{name}: {target.__name__} has no argument {key!r}{hint}")
+    return dict(kwargs)
+
+
+def _close_quietly(obj: Any) -> None:
+    close = getattr(obj, 'close', None)
+    if callable(close):
+        try:
+            close()
+        except Exception:
+            logger.exception("while closing %r", obj)

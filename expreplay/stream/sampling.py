@@ -1,0 +1,130 @@
+"""Sampling: what a stream's batches are, and how many of them per inserted transition.
+
+One object owns the learner's side of the replay: the batch size, the n-step returns and their
+discount, the importance-sampling exponent of prioritized replay, the layout of the states, the
+sampling seed, and the insert ratio (``update_frequency`` inserted transitions per batch, or
+``samples_per_insert`` sampled per inserted one). It draws batches from a memory; a
+:class:`~expreplay.stream.ReplayStream` decides when.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import TYPE_CHECKING, Callable, Union
+
+import numpy as np
+
+from .._checks import check_choice, check_int, check_probability, check_real, check_seed
+from .ratelimit import SampleToInsertRatio
+
+if TYPE_CHECKING:
+    from ..storage.memory import ReplayMemory, SampleBatch
+
+__all__ = ['Sampling']
+
+Beta = Union[float, Callable[[int], float], None]
+
+
+class Sampling:
+    """Batches drawn from a memory, and their ratio to the transitions inserted.
+
+    Args:
+        batch_size (int): transitions per batch.
+        update_frequency (int): transitions inserted per batch, whatever the player (a request
+            to a vector player inserts up to ``num_envs``: the stream requests accordingly);
+            ``batch_size / update_frequency`` samples per inserted transition. Give it or
+            ``samples_per_insert``.
+        samples_per_insert (float): instead of ``update_frequency``: keep this many sampled
+            transitions per inserted one, with a
+            :class:`~expreplay.stream.ratelimit.SampleToInsertRatio` limiter (a fractional ratio,
+            e.g. 0.5, is fine).
+        n_step (int): rewards summed per transition (n-step returns, >= 1). With ``n_step > 1``
+            or a prioritized memory the batches are :class:`~expreplay.storage.memory.SampleBatch`
+            tuples ``(state, action, reward, next_state, discount, is_over, indices,
+            weights)``: the target is ``reward + discount * Q(next_state)``, ``discount`` being
+            ``gamma ** k`` for the k steps taken and 0 after a terminal step (see
+            :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`). Otherwise they keep
+            tensorpack's ``[comb_state, action, reward, isOver]``.
+        gamma (float): the discount of the n-step sums, in (0, 1].
+        beta (float or callable): importance-sampling exponent of prioritized replay in [0, 1],
+            or a schedule ``beta(k)`` of the batch number k (0 for the first batch); None:
+            weights of 1.
+        layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
+            ``'NCHW'`` (frames first, for models that transpose on the device).
+        seed (int): seeds the draws; None: unseeded.
+
+    One stream uses a Sampling (it counts the batches for the ``beta`` schedule); its draws are
+    thread-safe.
+    """
+
+    def __init__(self, batch_size: int, update_frequency: int | None = None, *,
+                 samples_per_insert: float | None = None, n_step: int = 1, gamma: float = 0.99,
+                 beta: Beta = None, layout: str = 'NHWC', seed: int | None = None) -> None:
+        # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
+        self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
+        self.update_frequency: int | None
+        self.samples_per_insert: float | None
+        if samples_per_insert is not None:
+            if update_frequency is not None:
+                raise ValueError("give update_frequency or samples_per_insert, not both "
+                                 "(update_frequency=None with samples_per_insert)")
+            self.samples_per_insert = check_real(samples_per_insert, 'samples_per_insert')
+            if self.samples_per_insert <= 0:
+                raise ValueError(f"samples_per_insert must be > 0, got {samples_per_insert!r}")
+            self.update_frequency = None
+        else:
+            if update_frequency is None:
+                raise ValueError("update_frequency is None: give it, or samples_per_insert")
+            self.samples_per_insert = None
+            self.update_frequency = check_int(update_frequency, 'update_frequency', 1,
+                                              allow_float=True)
+        self.n_step = check_int(n_step, 'n_step', 1)
+        self.gamma = check_real(gamma, 'gamma')
+        if not 0.0 < self.gamma <= 1.0:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        if beta is not None and not callable(beta):
+            check_probability(beta, 'beta')
+        self.beta = beta
+        self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        self.seed = check_seed(seed, 'seed')
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()     # the rng and the batch count: any thread may draw
+        self.batches_sampled = 0          # named batches drawn (the beta schedule's k)
+
+    @property
+    def steps_per_batch(self) -> int:
+        """Transitions inserted per batch (for ``samples_per_insert``: rounded up, >= 1)."""
+        if self.update_frequency is not None:
+            return self.update_frequency
+        assert self.samples_per_insert is not None
+        return max(1, math.ceil(self.batch_size / self.samples_per_insert))
+
+    def named_batches(self, memory: ReplayMemory) -> bool:
+        """Whether batches from ``memory`` are SampleBatch tuples (n-step or prioritized) rather
+        than tensorpack's 4-list, which can not carry what is asked."""
+        return self.n_step > 1 or memory.prioritized
+
+    def rate_limiter(self, per_request: int) -> SampleToInsertRatio | None:
+        """The limiter for ``samples_per_insert`` (None for ``update_frequency``): a request
+        stores up to ``per_request`` transitions, the largest insert booked at once; a batch is
+        the sample chunk. The error buffer is the smallest that can not deadlock."""
+        spi = self.samples_per_insert
+        if spi is None:
+            return None
+        return SampleToInsertRatio(spi, 1, (per_request * spi + self.batch_size) / 2,
+                                   insert_size=per_request, sample_size=self.batch_size)
+
+    def draw(self, memory: ReplayMemory) -> list[np.ndarray] | SampleBatch:
+        """One batch from ``memory`` (thread-safe)."""
+        # A fresh batch each time, not the memory's ``out=`` buffers: a learner may keep a
+        # batch it was handed (a list of recent batches, a framework that copies lazily), and
+        # a reused buffer would change under it; allocating is not what limits the stream.
+        with self._lock:
+            if not self.named_batches(memory):
+                return memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
+            beta = self.beta(self.batches_sampled) if callable(self.beta) else self.beta
+            batch = memory.sample(self.batch_size, n_step=self.n_step, gamma=self.gamma,
+                                  beta=beta, layout=self.layout, rng=self._rng)
+            self.batches_sampled += 1
+            return batch
