@@ -13,7 +13,7 @@ class RunnerError(RuntimeError):
 
 class EnvError(RunnerError):
     """The environment raised while resetting or stepping, or returned something the memory
-    can not store. ``runner`` is the :class:`~expreplay.acting.group.EnvRunner` whose env it was."""
+    can not store. ``runner`` is the :class:`~expreplay.acting.runner.EnvRunner` whose env it was."""
     runner: Any = None
 
 

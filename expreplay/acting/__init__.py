@@ -9,9 +9,13 @@ The layer itself lives in modules with one job each:
   :mod:`~expreplay.acting.resets` (resets and scheduled starts);
 * :mod:`expreplay.acting.inference`: :class:`InferenceThread` (the predictor in a thread of its own,
   merging the submissions of several simulator threads);
-* :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager` (the staleness window, the threads,
-  faults, the watchdog, shutdown, statistics);
+* :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager`, made of
+  :mod:`~expreplay.acting.window` (the staleness window), :mod:`~expreplay.acting.simulator` (the
+  simulator threads), :mod:`~expreplay.acting.faults` (faults, restarts, the watchdog) and
+  :mod:`~expreplay.acting.stats` (statistics);
 * :mod:`expreplay.acting.envs`: the env adapters (gymnasium, old gym, vector envs, EnvPool, Ray);
+* :mod:`expreplay.acting.episodes` and :mod:`expreplay.acting.records`: episode starts, and the
+  records of finished episodes;
 * :mod:`expreplay.errors`: the exceptions.
 """
 

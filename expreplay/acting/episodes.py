@@ -153,7 +153,7 @@ class ProceduralSeeds(EpisodeScheduler):
         options (dict, optional): reset options for every episode.
     """
 
-    def __init__(self, base_seed: int, options: dict[str, Any] | None = None):
+    def __init__(self, base_seed: int, options: dict[str, Any] | None = None) -> None:
         self.base_seed = _check_seed(base_seed, 'base_seed')
         self.options = _check_options(options)
 
@@ -177,7 +177,7 @@ class FixedSeed(EpisodeScheduler):
         options (dict, optional): reset options for every episode.
     """
 
-    def __init__(self, seed: int, options: dict[str, Any] | None = None):
+    def __init__(self, seed: int, options: dict[str, Any] | None = None) -> None:
         self.seed = _check_seed(seed)
         self.options = _check_options(options)
 
@@ -209,7 +209,7 @@ class SeedList(EpisodeScheduler):
     """
 
     def __init__(self, seeds: Sequence[int], cycle: bool = True, shared: bool = False,
-                 options: dict[str, Any] | None = None):
+                 options: dict[str, Any] | None = None) -> None:
         self.seeds = [_check_seed(s, f'seeds[{i}]') for i, s in enumerate(seeds)]
         if not self.seeds:
             raise ValueError("seeds is empty")
@@ -256,7 +256,7 @@ class Curriculum(EpisodeScheduler):
     """
 
     def __init__(self, options: Callable[[int], dict[str, Any] | None] | Sequence[tuple[float, Any]],
-                 seeds: EpisodeScheduler | None = None, count_env_steps: bool = True):
+                 seeds: EpisodeScheduler | None = None, count_env_steps: bool = True) -> None:
         self.stages: list[tuple[float, Any]] | None = None
         self._options_fn: Callable[[Any], Any]
         if callable(options):
@@ -345,7 +345,7 @@ class RestartPool(EpisodeScheduler):
     needs_emulator_state = True
 
     def __init__(self, share: float = 0.25, capacity: int = 64, harvest_every: int = 100,
-                 base: Any = None, include_rng: bool = False, seed: int = 0):
+                 base: Any = None, include_rng: bool = False, seed: int = 0) -> None:
         self.share = check_probability(share, 'share')
         self.capacity = check_int(capacity, 'capacity', 1, allow_float=True)
         self.harvest_every = check_int(harvest_every, 'harvest_every', 1, allow_float=True)

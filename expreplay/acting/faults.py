@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 class Faults:
     """The first fault of a manager's threads; ``on_fault()`` is called when it is recorded."""
 
-    def __init__(self, max_restarts: int, on_fault: Callable[[], None]):
+    def __init__(self, max_restarts: int, on_fault: Callable[[], None]) -> None:
         self.max_restarts = max_restarts
         self._on_fault = on_fault
         self._lock = threading.Lock()
@@ -91,7 +91,7 @@ class Activity:
     ``since`` (described only when the watchdog reports it: this is set twice per step)."""
     __slots__ = ('name', 'what', 'group', 'since')
 
-    def __init__(self, name: str):
+    def __init__(self, name: str) -> None:
         self.name = name
         self.what: str | None = None
         self.group: Any = None
@@ -117,7 +117,7 @@ class Watchdog:
     (``busy_since``) has been in one call for more than ``call_timeout`` seconds."""
 
     def __init__(self, call_timeout: float, activities: Sequence[Activity],
-                 inference_threads: Sequence[Any], faults: Faults):
+                 inference_threads: Sequence[Any], faults: Faults) -> None:
         self.call_timeout = call_timeout
         self._activities = list(activities)
         self._inference = list(inference_threads)

@@ -56,7 +56,7 @@ class ActingGroup:
     the other members' steps are stored); the predictor's are raised. Use from one thread.
     """
 
-    def __init__(self, runners: Iterable[Any]):
+    def __init__(self, runners: Iterable[Any]) -> None:
         runners = list(runners)
         first = runners[0]
         for r in runners[1:]:
@@ -322,7 +322,7 @@ class _SingleSteps:
     """The env calls of a step of single-env runners, their results gathered into reused
     buffers (one row per member), and the memory's rules checked on the whole batch."""
 
-    def __init__(self, runners: Sequence[Any], frame_format: FrameFormat):
+    def __init__(self, runners: Sequence[Any], frame_format: FrameFormat) -> None:
         self._runners = list(runners)
         self._format = frame_format
         m = len(self._runners)

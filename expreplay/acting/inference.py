@@ -35,7 +35,7 @@ class Prediction:
     def done(self) -> bool:
         return self._done
 
-    def __init__(self, states: np.ndarray, owner: object):
+    def __init__(self, states: np.ndarray, owner: object) -> None:
         self.states = states
         self.owner = owner
         self.result: Any = None
@@ -89,7 +89,7 @@ class InferenceThread:
 
     def __init__(self, predictor: Callable[[np.ndarray], Any], max_batch: int = 32,
                  name: str = 'InferenceThread', thread_context: Callable[[], Any] | None = None,
-                 on_done: Callable[[], None] | None = None, inline_below: float = 2e-4):
+                 on_done: Callable[[], None] | None = None, inline_below: float = 2e-4) -> None:
         self.predictor = predictor
         self._on_done = on_done
         self.inline_below = float(inline_below)

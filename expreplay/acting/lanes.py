@@ -35,7 +35,7 @@ class LaneEpisodes:
     """
 
     def __init__(self, runners: Sequence[Any], memory: Any, frame_shape: tuple[int, ...],
-                 dtype: np.dtype, env_state: Callable[[int, int, bool], Any]):
+                 dtype: np.dtype, env_state: Callable[[int, int, bool], Any]) -> None:
         self.runners = list(runners)
         sizes = [r.num_envs for r in self.runners]
         n = int(sum(sizes))
@@ -228,7 +228,7 @@ class _Snapshot:
     point of one lane, now, between steps."""
     __slots__ = ('_lanes', '_lane')
 
-    def __init__(self, lanes: LaneEpisodes, lane: int):
+    def __init__(self, lanes: LaneEpisodes, lane: int) -> None:
         self._lanes, self._lane = lanes, lane
 
     def __call__(self, include_rng: bool = False) -> RestartPoint:

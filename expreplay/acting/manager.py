@@ -101,7 +101,7 @@ class EnvRunnerManager:
     def __init__(self, env_runners: Iterable[EnvRunner], maximum_staleness: int, *,
                  simulator_threads: int | None = None, max_inference_batch: int = 32,
                  max_restarts: int = 0, close_timeout: float = 5.0, call_timeout: float = 120.0,
-                 thread_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None):
+                 thread_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
         if isinstance(env_runners, EnvRunner) or not hasattr(env_runners, '__iter__'):
             raise TypeError(f"env_runners must be a list of EnvRunner, got {env_runners!r}")
         self._runners = list(env_runners)

@@ -78,7 +78,7 @@ class EpsilonGreedy:
     """
 
     def __init__(self, rngs: Sequence[np.random.Generator], runner_lanes: Sequence[np.ndarray],
-                 num_actions: int):
+                 num_actions: int) -> None:
         self._rngs = list(rngs)
         self._runner_lanes = list(runner_lanes)
         self.num_actions = int(num_actions)

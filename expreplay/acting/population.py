@@ -30,7 +30,7 @@ import numpy as np
 
 from .._checks import check_callable, check_int, check_probability, check_seed
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
-from .group import EnvRunner
+from .runner import EnvRunner
 from .manager import EnvRunnerManager
 
 if TYPE_CHECKING:

@@ -99,7 +99,7 @@ class EpisodeLog:
             loses nothing, a crash of the machine may).
     """
 
-    def __init__(self, path: str | os.PathLike[str], fsync: bool = True):
+    def __init__(self, path: str | os.PathLike[str], fsync: bool = True) -> None:
         self.path = os.fspath(path)
         self.fsync = check_bool(fsync, 'fsync')
         directory = os.path.dirname(self.path)

@@ -41,7 +41,7 @@ class LaneResets:
     """Resets of the runners ``runners`` whose lanes are ``runner_lanes`` in ``lanes``."""
 
     def __init__(self, runners: Sequence[Any], runner_lanes: Sequence[np.ndarray],
-                 lanes: LaneEpisodes, frame_format: FrameFormat):
+                 lanes: LaneEpisodes, frame_format: FrameFormat) -> None:
         self.runners = list(runners)
         self.runner_lanes = list(runner_lanes)
         self._lanes = lanes

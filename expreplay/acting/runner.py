@@ -94,7 +94,7 @@ class EnvRunner:
                  num_actions: int | None = None, life_loss_terminal: bool = False,
                  player_factory: Callable[[], Any] | None = None, close_player: bool = True,
                  episode_starts: Any = None,
-                 on_episode_end: Callable[[EpisodeRecord], Any] | None = None):
+                 on_episode_end: Callable[[EpisodeRecord], Any] | None = None) -> None:
         if not callable(getattr(memory, 'new_batch_writer', None)) or getattr(memory, 'state_shape', None) is None:
             raise TypeError(f"memory must be a ReplayMemory (with new_batch_writer() and state_shape), "
                             f"got {type(memory).__name__}")

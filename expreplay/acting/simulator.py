@@ -74,7 +74,7 @@ class _GroupSlot:
     """An acting group on a thread, and the order its runners take requests in (the runner
     that stepped longest ago first, so every runner steps even with a small window)."""
 
-    def __init__(self, group: Any):
+    def __init__(self, group: Any) -> None:
         self.group = group
         self.order = collections.deque(range(len(group.runners)))
         self.inserted = InsertedSteps(group)
@@ -102,7 +102,7 @@ class SimulatorThread:
     """
 
     def __init__(self, name: str, groups: Sequence[Any], window: StalenessWindow, faults: Faults,
-                 inference: dict[int, Any], thread_context: Callable[[], Any] | None = None):
+                 inference: dict[int, Any], thread_context: Callable[[], Any] | None = None) -> None:
         self.groups = list(groups)
         self.activity = Activity(name)
         self._window = window

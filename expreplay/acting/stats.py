@@ -18,7 +18,7 @@ class ActingStats:
     """Figures of ``runners`` since the last :meth:`reset`; ``inference_counts()`` returns the
     predictor's ``(calls, rows)`` so far."""
 
-    def __init__(self, runners: Sequence[Any], inference_counts: Callable[[], tuple[int, int]]):
+    def __init__(self, runners: Sequence[Any], inference_counts: Callable[[], tuple[int, int]]) -> None:
         self._runners = list(runners)
         self._inference_counts = inference_counts
         self._games: list[tuple[float, int]] = []

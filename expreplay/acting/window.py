@@ -22,7 +22,7 @@ class Request:
     """One accepted step request (one step of one runner)."""
     __slots__ = ('seq', 'exploration', 'done')
 
-    def __init__(self, seq: int, exploration: float):
+    def __init__(self, seq: int, exploration: float) -> None:
         self.seq = seq
         self.exploration = exploration
         self.done = False
@@ -33,7 +33,7 @@ class InsertedSteps:
     runners stored since the last one (the runners are stepped by one thread only, the one
     that takes, so the difference is exactly what the last request(s) stored)."""
 
-    def __init__(self, group: Any):
+    def __init__(self, group: Any) -> None:
         self._runners = list(group.runners)
         self._seen = sum(r.steps for r in self._runners)
 
@@ -53,7 +53,7 @@ class StalenessWindow:
     """
 
     def __init__(self, maximum_staleness: int, check: Callable[[], None],
-                 watch: Callable[[float], float | None]):
+                 watch: Callable[[float], float | None]) -> None:
         self.maximum_staleness = maximum_staleness
         self._check = check
         self._watch = watch

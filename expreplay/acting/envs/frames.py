@@ -40,7 +40,7 @@ class FrameFormat:
     :func:`expreplay.storage.memory.as_frame`, so that the runner refuses exactly what the memory would).
     """
 
-    def __init__(self, state_shape: Sequence[int], dtype: npt.DTypeLike):
+    def __init__(self, state_shape: Sequence[int], dtype: npt.DTypeLike) -> None:
         self.state_shape = tuple(state_shape)
         self.dtype = np.dtype(dtype)
         self._squeezed = _squeezed(self.state_shape)
@@ -81,7 +81,7 @@ class FrameHistory:
     """
 
     def __init__(self, num_lanes: int, state_shape: Sequence[int], history_len: int,
-                 dtype: npt.DTypeLike):
+                 dtype: npt.DTypeLike) -> None:
         self.history_len = h = int(history_len)
         self._frames = np.zeros((num_lanes * h,) + tuple(state_shape), dtype)
         self._pos = np.zeros(num_lanes, np.int64)

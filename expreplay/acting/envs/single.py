@@ -27,7 +27,7 @@ class SingleEnvAdapter(EnvAdapter):
 
     num_envs = 1
 
-    def __init__(self, player: Any, api: str | None = None):
+    def __init__(self, player: Any, api: str | None = None) -> None:
         self.player = player
         self.api = api
         self.num_actions = _discrete_n(getattr(player, 'action_space', None))

@@ -18,7 +18,7 @@ __all__ = ['VectorEnvAdapter', 'AsyncVectorAdapter']
 class _VectorBase(EnvAdapter):
     """What the synchronous and asynchronous vector adapters share: spaces, lives, restarts."""
 
-    def __init__(self, player: Any):
+    def __init__(self, player: Any) -> None:
         self.player = player
         self.num_envs = int(player.num_envs)
         self.num_actions = _discrete_n(getattr(player, 'single_action_space', None))
@@ -73,7 +73,7 @@ class VectorEnvAdapter(_VectorBase):
     synchronously (``AtariVectorEnv(batch_size < num_envs)``) are refused.
     """
 
-    def __init__(self, player: Any):
+    def __init__(self, player: Any) -> None:
         super().__init__(player)
         batch = _batch_size(player)
         if batch is not None and 0 < batch != self.num_envs:
@@ -208,7 +208,7 @@ class AsyncVectorAdapter(_VectorBase):
     is_async = True
     controls_resets = False
 
-    def __init__(self, player: Any):
+    def __init__(self, player: Any) -> None:
         super().__init__(player)
         try:
             params = inspect.signature(player.send).parameters
