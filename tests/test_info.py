@@ -26,7 +26,7 @@ def test_info_reports_version_kernels_and_extras():
     assert data['version'] == expreplay.__version__
     assert set(data['kernels']) == {'_gather_ext', '_acting_ext', '_tree_ext'}
     # A kernel is reported active exactly when the module that uses it has it loaded.
-    from expreplay.acting import group as acting
+    from expreplay.acting import policy as acting
     from expreplay.storage import _gather, priority
     assert data['kernels']['_gather_ext'] == (_gather._gather_ext is not None)
     assert data['kernels']['_acting_ext'] == (acting._acting_ext is not None)
