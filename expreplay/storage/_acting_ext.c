@@ -186,7 +186,7 @@ done:
 
 /* history_rows(lanes, pos, base, history_len, rows): rows[j, k] = the FrameHistory row of
  * lane lanes[j]'s k-th frame, oldest first: base[l] + (pos[l] + 1 + k) % history_len (the ring
- * invariant of expreplay/acting/envs.py). int64 arrays; rows (at least len(lanes) * history_len).
+ * invariant of expreplay/acting/envs/frames.py). int64 arrays; rows (at least len(lanes) * history_len).
  * What five numpy calls on a few lanes cost ~5 microseconds for. */
 static PyObject *history_rows(PyObject *self, PyObject *args)
 {
