@@ -66,8 +66,9 @@ GAMES = {'asterix': 'Asterix', 'breakout': 'Breakout', 'freeway': 'Freeway',
          'seaquest': 'Seaquest', 'space_invaders': 'SpaceInvaders'}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def argument_parser(description=__doc__):
+    """The agent's flags (the paper's values as defaults); dqn_minatar_tensorpack.py adds its own."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--game', choices=sorted(GAMES), default='breakout')
     p.add_argument('--seed', type=int, default=0, help='seeds the network, the sampling and the env')
     p.add_argument('--frames', type=int, default=5_000_000, help='environment steps, the fill included')
@@ -93,7 +94,11 @@ def parse_args(argv=None):
     p.add_argument('--eval-episodes', type=int, default=0,
                    help='greedy episodes played by the final network (0: none)')
     p.add_argument('--log-every', type=float, default=30.0, help='seconds between progress lines')
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return argument_parser().parse_args(argv)
 
 
 def make_env(game):

@@ -149,3 +149,54 @@ def test_short_breakout_run_beats_a_random_policy():
     assert scores.mean() >= 4 * random_mean, (
         f"greedy mean {scores.mean():.2f} over {EVAL_EPISODES} episodes after {args.frames} "
         f"frames; random policy {random_mean:.2f}; scores {scores.tolist()}")
+
+
+# ------------------------------------------------------------------------ the tensorpack trainer
+def tensorpack_example():
+    pytest.importorskip('tensorpack')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        import dqn_minatar_tensorpack
+    return dqn_minatar_tensorpack
+
+
+def test_tensorpack_centred_rmsprop_follows_pytorchs_formula():
+    tpx = tensorpack_example()
+    tf = tpx.tf
+    start, grads = np.array([1.0, -2.0, 0.5]), [np.array([0.5, -1.0, 2.0]), np.array([0.1, 0.3, -0.2])]
+    with tf.Graph().as_default():
+        var = tf.get_variable('w', initializer=start.astype(np.float32))
+        grad = tf.placeholder(tf.float32, (3,))
+        step = tpx.CentredRMSProp(0.1, alpha=0.9, eps=0.01).apply_gradients([(grad, var)])
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sq, mean, expected = np.zeros(3), np.zeros(3), start.copy()
+            for g in grads:
+                sess.run(step, {grad: g})
+                sq = 0.9 * sq + 0.1 * g ** 2
+                mean = 0.9 * mean + 0.1 * g
+                expected -= 0.1 * g / (np.sqrt(sq - mean ** 2) + 0.01)
+                np.testing.assert_allclose(sess.run(var), expected, rtol=1e-5)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize('extra', [[], ['--prioritized', '--n-step', '3']])
+def test_tensorpack_trainer_short_run_trains_fills_the_memory_and_logs_episodes(tmp_path, extra):
+    tpx = tensorpack_example()
+    returns, logdir = tmp_path / 'breakout_0.csv', tmp_path / 'log'
+    args = tpx.parse_args(['--frames', '600', '--replay-start', '300', '--memory-size', '1000',
+                           '--target-update', '50', '--steps-per-epoch', '150', '--log-every', '1e9',
+                           '--eval-episodes', '2', '--returns', str(returns),
+                           '--logdir', str(logdir), *extra])
+    with tpx.tf.Graph().as_default():
+        done = tpx.train(args)
+    # 301 training steps: the first right after the 300-frame fill, then one per frame.
+    assert done['training_steps'] == 301 and done['frames'] == 600, done
+    assert done['memory'] == 600 and len(done['greedy_scores']) == 2
+    rows = returns.read_text().splitlines()
+    assert rows[0] == 'frames,score' and len(rows) - 1 == done['games'] > 10
+    # The epochs' monitors: ExpReplay's game scores and rates, the model's loss.
+    import json
+    epochs = json.loads((logdir / 'stats.json').read_text())
+    assert len(epochs) == 2 and all('expreplay/mean_score' in e and 'cost' in e for e in epochs)
+    assert epochs[-1]['expreplay/env_steps_per_sec'] > 0
