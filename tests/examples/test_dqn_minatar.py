@@ -200,3 +200,25 @@ def test_tensorpack_trainer_short_run_trains_fills_the_memory_and_logs_episodes(
     epochs = json.loads((logdir / 'stats.json').read_text())
     assert len(epochs) == 2 and all('expreplay/mean_score' in e and 'cost' in e for e in epochs)
     assert epochs[-1]['expreplay/env_steps_per_sec'] > 0
+
+
+# ------------------------------------------------------------------------------- the curves
+def test_plot_minatar_writes_the_papers_measure_and_compares_variants(tmp_path, capsys):
+    import plot_minatar
+    runs = tmp_path / 'runs'
+    runs.mkdir()
+    for seed in (0, 1):   # 300 episodes of 100 frames each, scoring 0, 1, 2, ...
+        rows = [f"{100 * (i + 1)},{i}" for i in range(300)]
+        (runs / f'breakout_{seed}.csv').write_text('frames,score\n' + '\n'.join(rows) + '\n')
+    paths = [str(p) for p in sorted(runs.iterdir())]
+    plot_minatar.main(paths + ['--csv', str(tmp_path / 'uniform.csv'), '--every', '10000'])
+    lines = (tmp_path / 'uniform.csv').read_text().splitlines()
+    # At 10k frames episodes 0-99 have ended: their mean score is 49.5.
+    assert lines[0] == 'game,seed,frames,score' and lines[1] == 'breakout,0,10000,49.500'
+    plot_minatar.main(paths + ['--variant', 'per3', '--curves', f"{tmp_path / 'uniform.csv'}=uniform",
+                               '--csv', str(tmp_path / 'both.csv'), '--every', '10000'])
+    both = (tmp_path / 'both.csv').read_text().splitlines()
+    assert both[0] == 'game,seed,frames,score,variant'
+    assert 'breakout,0,10000,49.500,per3' in both and 'breakout,1,30000,249.500,uniform' in both
+    assert len(both) == 1 + 2 * 2 * 3
+    assert 'breakout (uniform): 2 seeds, mean 249.50 at 30000 frames' in capsys.readouterr().out
