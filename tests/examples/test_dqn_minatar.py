@@ -222,3 +222,39 @@ def test_plot_minatar_writes_the_papers_measure_and_compares_variants(tmp_path, 
     assert 'breakout,0,10000,49.500,per3' in both and 'breakout,1,30000,249.500,uniform' in both
     assert len(both) == 1 + 2 * 2 * 3
     assert 'breakout (uniform): 2 seeds, mean 249.50 at 30000 frames' in capsys.readouterr().out
+
+
+def test_tensorpack_model_takes_the_numpy_learners_steps():
+    """Same weights, same batches: the TF graph's loss, gradients and optimizer steps are the
+    numpy learner's (the network's layout, the target network, the Huber loss, the discount)."""
+    tpx = tensorpack_example()
+    tf = tpx.tf
+    from tensorpack.tfutils.tower import TowerContext
+    args = tpx.parse_args(['--lr', '1e-3'])
+    rng = np.random.default_rng(0)
+    channels, num_actions, batch = 4, 6, 32
+    learner = dqn_minatar.DQNLearner(channels, num_actions, args, rng)
+    learner.target.copy_from(dqn_minatar.QNetwork(channels, num_actions, rng))   # not the online one
+    batches = [[rng.random((batch, 10, 10, channels, 2)) < 0.2,
+                rng.integers(0, num_actions, batch).astype(np.int32),
+                rng.integers(-1, 3, batch).astype(np.float32), rng.random(batch) < 0.2]
+               for _ in range(3)]
+    names = ['conv0/W', 'conv0/b', 'fc0/W', 'fc0/b', 'fct/W', 'fct/b']
+    with tf.Graph().as_default():
+        model = tpx.MinAtarDQN(channels, num_actions, args)
+        inputs = [tf.placeholder(spec.dtype, spec.shape, spec.name) for spec in model.inputs()]
+        with TowerContext('', is_training=True):
+            cost = model.build_graph(*inputs)
+        step = model.optimizer().minimize(cost)
+        variables = {v.op.name: v for v in tf.global_variables()}
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for prefix, net in (('', learner.online), ('target/', learner.target)):
+                for name, value in zip(names, net.params):
+                    variables[prefix + name].load(value.reshape(variables[prefix + name].shape), sess)
+            for comb, action, reward, is_over in batches:
+                sess.run(step, dict(zip(inputs, [comb, action, reward, is_over])))
+                learner.update(*dqn_minatar.unpack([comb, action, reward, is_over], args.gamma))
+                for name, value in zip(names, learner.online.params):
+                    np.testing.assert_allclose(sess.run(variables[name]).reshape(value.shape), value,
+                                               rtol=1e-4, atol=1e-6, err_msg=name)
