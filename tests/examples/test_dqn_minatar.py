@@ -77,7 +77,8 @@ def test_epsilon_schedule_is_the_papers():
     assert dqn_minatar.epsilon(4_000_000, args) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize('extra', [[], ['--prioritized', '--n-step', '3']])
+@pytest.mark.parametrize('extra', [[], ['--prioritized', '--n-step', '3'],
+                                   ['--prioritized', '--weight-norm', 'batch']])
 def test_short_run_logs_episodes_and_progress(tmp_path, capsys, extra):
     returns = tmp_path / 'breakout_0.csv'
     scores = dqn_minatar.main(['--frames', '700', '--replay-start', '300', '--memory-size', '1000',
