@@ -135,14 +135,18 @@ def plot(runs, path, window):
     for ax, game in zip(axes[0], games):
         variants = runs[game]
         for colour, (variant, curves) in enumerate(sorted(variants.items(), key=lambda v: str(v[0]))):
-            name = '' if variant is None else f'{variant}, '
+            several = len(variants) > 1
             for seed, (points, values) in sorted(curves.items()):
-                # One variant: a colour per seed; several: each variant's seeds in its colour.
-                ax.plot(points / 1e3, values, lw=0.8, alpha=0.5, label=f'{name}seed {seed}',
-                        color=None if len(variants) == 1 else f'C{colour}')
+                # One variant: a colour and a legend entry per seed; several: each variant's
+                # seeds thin in its colour, one legend entry for the variant.
+                ax.plot(points / 1e3, values, lw=0.8, alpha=0.5,
+                        label='_nolegend_' if several else f'seed {seed}',
+                        color=f'C{colour}' if several else None)
             points, mean = seed_mean(curves)
+            n = len(curves)
             ax.plot(points / 1e3, mean, lw=2.2, color=f'C{colour}',
-                    label=f'{name}mean of {len(curves)} seeds')
+                    label=f"{variant}: mean of {n} seed{'s' if n > 1 else ''}" if several
+                    else f'mean of {n} seeds')
         reached = max(p[-1] for curves in variants.values() for p, _ in curves.values())
         paper = [(f, s) for f, s in PAPER_DQN.get(game, []) if f <= 1.5 * reached]
         if paper:
@@ -152,7 +156,7 @@ def plot(runs, path, window):
         ax.set_xlabel('frames (thousands)')
         ax.set_ylabel(f'mean return of the last {window} training episodes')
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc='upper left')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
