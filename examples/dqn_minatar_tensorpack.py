@@ -42,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument('--steps-per-epoch', type=int, default=10_000,
                    help='training steps between the monitors\' reports')
     args = p.parse_args(argv)
+    if args.weight_norm != 'memory':   # the model's loss (dqn_model.py) takes the memory's weights
+        p.error('--weight-norm batch is dqn_minatar.py\'s; here the weights are the memory\'s')
     args.logdir = args.logdir or os.path.join('train_log', f'dqn-minatar-{args.game}')
     return args
 
