@@ -66,8 +66,9 @@ GAMES = {'asterix': 'Asterix', 'breakout': 'Breakout', 'freeway': 'Freeway',
          'seaquest': 'Seaquest', 'space_invaders': 'SpaceInvaders'}
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def argument_parser(description=__doc__):
+    """The agent's flags (the paper's values as defaults); dqn_minatar_tensorpack.py adds its own."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--game', choices=sorted(GAMES), default='breakout')
     p.add_argument('--seed', type=int, default=0, help='seeds the network, the sampling and the env')
     p.add_argument('--frames', type=int, default=5_000_000, help='environment steps, the fill included')
@@ -88,12 +89,19 @@ def parse_args(argv=None):
     p.add_argument('--alpha', type=float, default=0.6, help='priority exponent (--prioritized)')
     p.add_argument('--beta', type=float, default=0.4,
                    help='importance-weight exponent at the start, annealed to 1 over --frames')
+    p.add_argument('--weight-norm', choices=['memory', 'batch'], default='memory',
+                   help="divide the importance weights by the memory's largest (the memory's own "
+                        "weights, Schaul et al.) or by the batch's largest (--prioritized)")
     p.add_argument('--n-step', type=int, default=1, help='n-step returns')
     p.add_argument('--returns', help='write every training episode as a CSV row frames,score here')
     p.add_argument('--eval-episodes', type=int, default=0,
                    help='greedy episodes played by the final network (0: none)')
     p.add_argument('--log-every', type=float, default=30.0, help='seconds between progress lines')
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None):
+    return argument_parser().parse_args(argv)
 
 
 def make_env(game):
@@ -306,7 +314,13 @@ def train(args):
     last_frames = 0
     with stream:   # closing joins every thread, also on Ctrl-C or an error
         for batch in stream:
-            td = learner.update(*unpack(batch, args.gamma))
+            state, action, reward, next_state, discount, weights = unpack(batch, args.gamma)
+            if args.weight_norm == 'batch':
+                # The memory's weights are relative to its least likely transition, whose |TD|
+                # may be ~0: their mean then falls far below 1, and with RMSProp's eps of 0.01
+                # the steps shrink with them (docs/minatar.md measures it).
+                weights = weights / weights.max()
+            td = learner.update(state, action, reward, next_state, discount, weights)
             if args.prioritized:
                 stream.update_priorities(batch.indices, td)
             # Frames in the memory now; the stream steps update_frequency more when the loop

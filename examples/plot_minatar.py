@@ -13,6 +13,13 @@ them ended, averaged over runs. This script samples that moving average every ``
 (the last value at or before each point) and writes rows ``game,seed,frames,score``; the plot
 shows every seed, their mean, and the paper's DQN curve.
 
+To compare variants of the agent (e.g. uniform replay against ``--prioritized --n-step 3``),
+name the runs read with ``--variant`` and add curves written earlier with ``--curves
+FILE=NAME``: the CSV then has a ``variant`` column and the plot one mean curve per variant::
+
+    python examples/plot_minatar.py runs/per3/breakout_*.csv --variant per3 \
+        --curves docs/minatar_curves.csv=uniform --games breakout --csv curves.csv --png curves.png
+
 ``PAPER_DQN`` was read off the paper's figure (the GIF in the MinAtar repository, 3038 px wide):
 the DQN curve's pixels, mapped through the axes' tick marks. One pixel is ~7k frames and ~0.04
 points (Breakout) or ~0.45 points (Space Invaders); the line is 3-4 pixels thick. Where the curve
@@ -47,7 +54,11 @@ TITLES = {'breakout': 'Breakout', 'space_invaders': 'Space Invaders', 'asterix':
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('returns', nargs='+', help='--returns files of dqn_minatar.py, <game>_<seed>.csv')
-    p.add_argument('--csv', help='write the sampled curves here (game,seed,frames,score)')
+    p.add_argument('--csv', help='write the sampled curves here (game,seed,frames,score[,variant])')
+    p.add_argument('--variant', help='name of the variant the returns files are (adds a variant column)')
+    p.add_argument('--curves', nargs='*', default=[], metavar='FILE=NAME',
+                   help='curves an earlier --csv wrote, added as variant NAME (with --variant)')
+    p.add_argument('--games', nargs='*', help='only these games')
     p.add_argument('--png', help='draw the curves here')
     p.add_argument('--window', type=int, default=100, help='episodes per moving average (paper: 100)')
     p.add_argument('--every', type=int, default=5_000, help='frames between curve points')
@@ -71,25 +82,40 @@ def moving_average_curve(frames, scores, window, every):
     return points, averages[latest]
 
 
-def load_runs(paths, window, every):
-    """{game: {seed: (points, values)}} from files named <game>_<seed>.csv."""
-    runs = collections.defaultdict(dict)
+def load_runs(paths, window, every, variant=None):
+    """{game: {variant: {seed: (points, values)}}} from files named <game>_<seed>.csv."""
+    runs = collections.defaultdict(lambda: collections.defaultdict(dict))
     for path in paths:
         match = re.fullmatch(r'(.+)_(\d+)\.csv', os.path.basename(path))
         if not match:
             raise SystemExit(f"{path}: expected a file named <game>_<seed>.csv")
-        runs[match.group(1)][int(match.group(2))] = moving_average_curve(*read_returns(path), window, every)
+        curve = moving_average_curve(*read_returns(path), window, every)
+        runs[match.group(1)][variant][int(match.group(2))] = curve
     return runs
 
 
+def load_curves(path, variant, runs):
+    """Add the curves of an earlier ``--csv`` (its own variant column ignored) to ``runs``."""
+    rows = collections.defaultdict(list)
+    with open(path, newline='') as f:
+        for r in csv.DictReader(f):
+            rows[r['game'], int(r['seed'])].append((int(r['frames']), float(r['score'])))
+    for (game, seed), points in rows.items():
+        frames, scores = zip(*sorted(points))
+        runs[game][variant][seed] = (np.array(frames), np.array(scores))
+
+
 def write_csv(runs, path):
+    with_variant = any(v is not None for game in runs.values() for v in game)
     with open(path, 'w', newline='') as f:
         out = csv.writer(f)
-        out.writerow(['game', 'seed', 'frames', 'score'])
+        out.writerow(['game', 'seed', 'frames', 'score'] + (['variant'] if with_variant else []))
         for game in sorted(runs):
-            for seed in sorted(runs[game]):
-                for frames, score in zip(*runs[game][seed]):
-                    out.writerow([game, seed, int(frames), f"{score:.3f}"])
+            for variant in sorted(runs[game], key=str):
+                for seed in sorted(runs[game][variant]):
+                    for frames, score in zip(*runs[game][variant][seed]):
+                        out.writerow([game, seed, int(frames), f"{score:.3f}"]
+                                     + ([variant] if with_variant else []))
 
 
 def seed_mean(curves):
@@ -107,12 +133,21 @@ def plot(runs, path, window):
     games = sorted(runs)
     fig, axes = plt.subplots(1, len(games), figsize=(5.5 * len(games), 4), squeeze=False)
     for ax, game in zip(axes[0], games):
-        curves = runs[game]
-        for seed, (points, values) in sorted(curves.items()):
-            ax.plot(points / 1e3, values, lw=0.8, alpha=0.5, label=f'seed {seed}')
-        points, mean = seed_mean(curves)
-        ax.plot(points / 1e3, mean, lw=2.2, color='C0', label=f'mean of {len(curves)} seeds')
-        reached = max(p[-1] for p, _ in curves.values())
+        variants = runs[game]
+        for colour, (variant, curves) in enumerate(sorted(variants.items(), key=lambda v: str(v[0]))):
+            several = len(variants) > 1
+            for seed, (points, values) in sorted(curves.items()):
+                # One variant: a colour and a legend entry per seed; several: each variant's
+                # seeds thin in its colour, one legend entry for the variant.
+                ax.plot(points / 1e3, values, lw=0.8, alpha=0.5,
+                        label='_nolegend_' if several else f'seed {seed}',
+                        color=f'C{colour}' if several else None)
+            points, mean = seed_mean(curves)
+            n = len(curves)
+            ax.plot(points / 1e3, mean, lw=2.2, color=f'C{colour}',
+                    label=f"{variant}: mean of {n} seed{'s' if n > 1 else ''}" if several
+                    else f'mean of {n} seeds')
+        reached = max(p[-1] for curves in variants.values() for p, _ in curves.values())
         paper = [(f, s) for f, s in PAPER_DQN.get(game, []) if f <= 1.5 * reached]
         if paper:
             f, s = zip(*paper)
@@ -121,22 +156,31 @@ def plot(runs, path, window):
         ax.set_xlabel('frames (thousands)')
         ax.set_ylabel(f'mean return of the last {window} training episodes')
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc='upper left')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    runs = load_runs(args.returns, args.window, args.every)
+    if args.curves and not args.variant:
+        raise SystemExit('--curves adds variants: name the returns files\' one with --variant')
+    runs = load_runs(args.returns, args.window, args.every, args.variant)
+    for spec in args.curves:
+        path, _, name = spec.rpartition('=')
+        load_curves(path, name, runs)
+    if args.games:
+        runs = {game: runs[game] for game in args.games if game in runs}
     if args.csv:
         write_csv(runs, args.csv)
     if args.png:
         plot(runs, args.png, args.window)
     for game in sorted(runs):
-        points, mean = seed_mean(runs[game])
-        if len(points):
-            print(f"{game}: {len(runs[game])} seeds, mean {mean[-1]:.2f} at {points[-1]} frames")
+        for variant, curves in sorted(runs[game].items(), key=lambda v: str(v[0])):
+            points, mean = seed_mean(curves)
+            if len(points):
+                name = '' if variant is None else f' ({variant})'
+                print(f"{game}{name}: {len(curves)} seeds, mean {mean[-1]:.2f} at {points[-1]} frames")
 
 
 if __name__ == '__main__':

@@ -77,7 +77,8 @@ def test_epsilon_schedule_is_the_papers():
     assert dqn_minatar.epsilon(4_000_000, args) == pytest.approx(0.1)
 
 
-@pytest.mark.parametrize('extra', [[], ['--prioritized', '--n-step', '3']])
+@pytest.mark.parametrize('extra', [[], ['--prioritized', '--n-step', '3'],
+                                   ['--prioritized', '--weight-norm', 'batch']])
 def test_short_run_logs_episodes_and_progress(tmp_path, capsys, extra):
     returns = tmp_path / 'breakout_0.csv'
     scores = dqn_minatar.main(['--frames', '700', '--replay-start', '300', '--memory-size', '1000',
@@ -149,3 +150,112 @@ def test_short_breakout_run_beats_a_random_policy():
     assert scores.mean() >= 4 * random_mean, (
         f"greedy mean {scores.mean():.2f} over {EVAL_EPISODES} episodes after {args.frames} "
         f"frames; random policy {random_mean:.2f}; scores {scores.tolist()}")
+
+
+# ------------------------------------------------------------------------ the tensorpack trainer
+def tensorpack_example():
+    pytest.importorskip('tensorpack')
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', DeprecationWarning)
+        import dqn_minatar_tensorpack
+    return dqn_minatar_tensorpack
+
+
+def test_tensorpack_centred_rmsprop_follows_pytorchs_formula():
+    tpx = tensorpack_example()
+    tf = tpx.tf
+    start, grads = np.array([1.0, -2.0, 0.5]), [np.array([0.5, -1.0, 2.0]), np.array([0.1, 0.3, -0.2])]
+    with tf.Graph().as_default():
+        var = tf.get_variable('w', initializer=start.astype(np.float32))
+        grad = tf.placeholder(tf.float32, (3,))
+        step = tpx.CentredRMSProp(0.1, alpha=0.9, eps=0.01).apply_gradients([(grad, var)])
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            sq, mean, expected = np.zeros(3), np.zeros(3), start.copy()
+            for g in grads:
+                sess.run(step, {grad: g})
+                sq = 0.9 * sq + 0.1 * g ** 2
+                mean = 0.9 * mean + 0.1 * g
+                expected -= 0.1 * g / (np.sqrt(sq - mean ** 2) + 0.01)
+                np.testing.assert_allclose(sess.run(var), expected, rtol=1e-5)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize('extra', [[], ['--prioritized', '--n-step', '3']])
+def test_tensorpack_trainer_short_run_trains_fills_the_memory_and_logs_episodes(tmp_path, extra):
+    tpx = tensorpack_example()
+    returns, logdir = tmp_path / 'breakout_0.csv', tmp_path / 'log'
+    args = tpx.parse_args(['--frames', '600', '--replay-start', '300', '--memory-size', '1000',
+                           '--target-update', '50', '--steps-per-epoch', '150', '--log-every', '1e9',
+                           '--eval-episodes', '2', '--returns', str(returns),
+                           '--logdir', str(logdir), *extra])
+    with tpx.tf.Graph().as_default():
+        done = tpx.train(args)
+    # 301 training steps: the first right after the 300-frame fill, then one per frame.
+    assert done['training_steps'] == 301 and done['frames'] == 600, done
+    assert done['memory'] == 600 and len(done['greedy_scores']) == 2
+    rows = returns.read_text().splitlines()
+    assert rows[0] == 'frames,score' and len(rows) - 1 == done['games'] > 10
+    # The epochs' monitors: ExpReplay's game scores and rates, the model's loss.
+    import json
+    epochs = json.loads((logdir / 'stats.json').read_text())
+    assert len(epochs) == 2 and all('expreplay/mean_score' in e and 'cost' in e for e in epochs)
+    assert epochs[-1]['expreplay/env_steps_per_sec'] > 0
+
+
+# ------------------------------------------------------------------------------- the curves
+def test_plot_minatar_writes_the_papers_measure_and_compares_variants(tmp_path, capsys):
+    import plot_minatar
+    runs = tmp_path / 'runs'
+    runs.mkdir()
+    for seed in (0, 1):   # 300 episodes of 100 frames each, scoring 0, 1, 2, ...
+        rows = [f"{100 * (i + 1)},{i}" for i in range(300)]
+        (runs / f'breakout_{seed}.csv').write_text('frames,score\n' + '\n'.join(rows) + '\n')
+    paths = [str(p) for p in sorted(runs.iterdir())]
+    plot_minatar.main(paths + ['--csv', str(tmp_path / 'uniform.csv'), '--every', '10000'])
+    lines = (tmp_path / 'uniform.csv').read_text().splitlines()
+    # At 10k frames episodes 0-99 have ended: their mean score is 49.5.
+    assert lines[0] == 'game,seed,frames,score' and lines[1] == 'breakout,0,10000,49.500'
+    plot_minatar.main(paths + ['--variant', 'per3', '--curves', f"{tmp_path / 'uniform.csv'}=uniform",
+                               '--csv', str(tmp_path / 'both.csv'), '--every', '10000'])
+    both = (tmp_path / 'both.csv').read_text().splitlines()
+    assert both[0] == 'game,seed,frames,score,variant'
+    assert 'breakout,0,10000,49.500,per3' in both and 'breakout,1,30000,249.500,uniform' in both
+    assert len(both) == 1 + 2 * 2 * 3
+    assert 'breakout (uniform): 2 seeds, mean 249.50 at 30000 frames' in capsys.readouterr().out
+
+
+def test_tensorpack_model_takes_the_numpy_learners_steps():
+    """Same weights, same batches: the TF graph's loss, gradients and optimizer steps are the
+    numpy learner's (the network's layout, the target network, the Huber loss, the discount)."""
+    tpx = tensorpack_example()
+    tf = tpx.tf
+    from tensorpack.tfutils.tower import TowerContext
+    args = tpx.parse_args(['--lr', '1e-3'])
+    rng = np.random.default_rng(0)
+    channels, num_actions, batch = 4, 6, 32
+    learner = dqn_minatar.DQNLearner(channels, num_actions, args, rng)
+    learner.target.copy_from(dqn_minatar.QNetwork(channels, num_actions, rng))   # not the online one
+    batches = [[rng.random((batch, 10, 10, channels, 2)) < 0.2,
+                rng.integers(0, num_actions, batch).astype(np.int32),
+                rng.integers(-1, 3, batch).astype(np.float32), rng.random(batch) < 0.2]
+               for _ in range(3)]
+    names = ['conv0/W', 'conv0/b', 'fc0/W', 'fc0/b', 'fct/W', 'fct/b']
+    with tf.Graph().as_default():
+        model = tpx.MinAtarDQN(channels, num_actions, args)
+        inputs = [tf.placeholder(spec.dtype, spec.shape, spec.name) for spec in model.inputs()]
+        with TowerContext('', is_training=True):
+            cost = model.build_graph(*inputs)
+        step = model.optimizer().minimize(cost)
+        variables = {v.op.name: v for v in tf.global_variables()}
+        with tf.Session() as sess:
+            sess.run(tf.global_variables_initializer())
+            for prefix, net in (('', learner.online), ('target/', learner.target)):
+                for name, value in zip(names, net.params):
+                    variables[prefix + name].load(value.reshape(variables[prefix + name].shape), sess)
+            for comb, action, reward, is_over in batches:
+                sess.run(step, dict(zip(inputs, [comb, action, reward, is_over])))
+                learner.update(*dqn_minatar.unpack([comb, action, reward, is_over], args.gamma))
+                for name, value in zip(names, learner.online.params):
+                    np.testing.assert_allclose(sess.run(variables[name]).reshape(value.shape), value,
+                                               rtol=1e-4, atol=1e-6, err_msg=name)
