@@ -165,17 +165,37 @@ static inline int recompute(Levels *s, Levels *m, int level, Py_ssize_t node, Py
     return 0;
 }
 
-static int check_pair(Levels *s, Levels *m)
+/* Both trees' levels, writable, checked to have the same shape; on failure nothing is held. */
+static int get_tree(PyObject *sums_obj, PyObject *mins_obj, Levels *s, Levels *m)
 {
-    if (s->n != m->n) {
-        PyErr_SetString(PyExc_ValueError, "sums and mins must have the same levels");
+    if (get_levels(sums_obj, s, 1, "sums") < 0)
+        return -1;
+    if (get_levels(mins_obj, m, 1, "mins") < 0) {
+        release_levels(s);
         return -1;
     }
-    for (int i = 0; i < s->n; i++)
-        if (LEN(s, i) != LEN(m, i)) {
-            PyErr_SetString(PyExc_ValueError, "sums and mins must have the same levels");
+    int same = s->n == m->n;
+    for (int i = 0; same && i < s->n; i++)
+        same = LEN(s, i) == LEN(m, i);
+    if (!same) {
+        PyErr_SetString(PyExc_ValueError, "sums and mins must have the same levels");
+        release_levels(m);
+        release_levels(s);
+        return -1;
+    }
+    return 0;
+}
+
+/* Recompute the ancestors of one leaf from their children, bottom up. */
+static int refresh_leaf(Levels *s, Levels *m, Py_ssize_t node, Py_ssize_t k)
+{
+    for (Py_ssize_t level = s->n - 2; level >= 0; level--) {
+        node /= k;
+        if (recompute(s, m, (int)level, node, k) < 0) {
+            PyErr_SetString(PyExc_ValueError, "a level is too short for its parents");
             return -1;
         }
+    }
     return 0;
 }
 
@@ -196,20 +216,14 @@ static PyObject *refresh(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "fanout must be >= 2");
         return NULL;
     }
-    if (get_levels(sums_obj, &s, 1, "sums") < 0)
+    if (get_tree(sums_obj, mins_obj, &s, &m) < 0)
         return NULL;
-    if (get_levels(mins_obj, &m, 1, "mins") < 0) {
-        release_levels(&s);
-        return NULL;
-    }
     if (get_vector(leaves_obj, &lb, "lqn", 0, "leaves") < 0) {
         release_levels(&m);
         release_levels(&s);
         return NULL;
     }
     PyObject *result = NULL;
-    if (check_pair(&s, &m) < 0)
-        goto done;
     const int64_t *leaves = lb.buf;
     Py_ssize_t n = lb.len / 8, depth = s.n - 1;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -218,13 +232,8 @@ static PyObject *refresh(PyObject *self, PyObject *args)
             PyErr_SetString(PyExc_IndexError, "leaf index out of range");
             goto done;
         }
-        for (Py_ssize_t level = depth - 1; level >= 0; level--) {
-            node /= k;
-            if (recompute(&s, &m, (int)level, node, k) < 0) {
-                PyErr_SetString(PyExc_ValueError, "a level is too short for its parents");
-                goto done;
-            }
-        }
+        if (refresh_leaf(&s, &m, node, k) < 0)
+            goto done;
     }
     Py_INCREF(Py_None);
     result = Py_None;
@@ -251,15 +260,9 @@ static PyObject *refresh_range(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "fanout must be >= 2");
         return NULL;
     }
-    if (get_levels(sums_obj, &s, 1, "sums") < 0)
+    if (get_tree(sums_obj, mins_obj, &s, &m) < 0)
         return NULL;
-    if (get_levels(mins_obj, &m, 1, "mins") < 0) {
-        release_levels(&s);
-        return NULL;
-    }
     PyObject *result = NULL;
-    if (check_pair(&s, &m) < 0)
-        goto done;
     Py_ssize_t depth = s.n - 1;
     if (lo < 0 || hi > LEN(&s, depth)) {
         PyErr_SetString(PyExc_IndexError, "leaf range out of range");
@@ -311,15 +314,9 @@ static PyObject *update_live(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "fanout must be >= 2, block_size and num_slots >= 1");
         return NULL;
     }
-    if (get_levels(sums_obj, &s, 1, "sums") < 0)
+    if (get_tree(sums_obj, mins_obj, &s, &m) < 0)
         return NULL;
-    if (get_levels(mins_obj, &m, 1, "mins") < 0) {
-        release_levels(&s);
-        return NULL;
-    }
     PyObject *result = NULL;
-    if (check_pair(&s, &m) < 0)
-        goto done;
     PyObject *objs[4] = {tok_obj, val_obj, raw_obj, gen_obj};
     const char *fmts[4] = {"lqn", "d", "d", "lqn"};
     const char *names[4] = {"tokens", "values", "raw", "block_gen"};
@@ -380,14 +377,8 @@ static PyObject *update_live(PyObject *self, PyObject *args)
             continue;
         if (lm[slot] != lm[slot])
             lm[slot] = ls[slot] > 0 ? ls[slot] : INFINITY;
-        Py_ssize_t node = slot;
-        for (Py_ssize_t level = depth - 1; level >= 0; level--) {
-            node /= k;
-            if (recompute(&s, &m, (int)level, node, k) < 0) {
-                PyErr_SetString(PyExc_ValueError, "a level is too short for its parents");
-                goto done;
-            }
-        }
+        if (refresh_leaf(&s, &m, slot, k) < 0)
+            goto done;
     }
     result = Py_BuildValue("nd", stale, top);
 done:
