@@ -302,7 +302,7 @@ def train(args):
         Population(lambda: make_env(args.game), 1, learner.q_values, seed=args.seed,
                    on_episode_end=episodes),
         Sampling(args.batch_size, args.update_frequency, n_step=args.n_step, gamma=args.gamma,
-                 seed=args.seed,
+                 seed=args.seed, weight_norm=args.weight_norm,
                  # beta: annealed to 1 over the run (batch k comes after k * update_frequency frames).
                  beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency / args.frames))
                  if args.prioritized else None),
@@ -315,11 +315,6 @@ def train(args):
     with stream:   # closing joins every thread, also on Ctrl-C or an error
         for batch in stream:
             state, action, reward, next_state, discount, weights = unpack(batch, args.gamma)
-            if args.weight_norm == 'batch':
-                # The memory's weights are relative to its least likely transition, whose |TD|
-                # may be ~0: their mean then falls far below 1, and with RMSProp's eps of 0.01
-                # the steps shrink with them (docs/minatar.md measures it).
-                weights = weights / weights.max()
             td = learner.update(state, action, reward, next_state, discount, weights)
             if args.prioritized:
                 stream.update_priorities(batch.indices, td)

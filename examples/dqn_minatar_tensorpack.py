@@ -42,8 +42,6 @@ def parse_args(argv=None):
     p.add_argument('--steps-per-epoch', type=int, default=10_000,
                    help='training steps between the monitors\' reports')
     args = p.parse_args(argv)
-    if args.weight_norm != 'memory':   # the model's loss (dqn_model.py) takes the memory's weights
-        p.error('--weight-norm batch is dqn_minatar.py\'s; here the weights are the memory\'s')
     args.logdir = args.logdir or os.path.join('train_log', f'dqn-minatar-{args.game}')
     return args
 
@@ -188,6 +186,7 @@ def train(args):
         prefetch=0,
         on_episode_end=episodes,
         n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized, alpha=args.alpha,
+        weight_norm=args.weight_norm,
         # beta: annealed to 1 over the run (training step k comes after k * uf frames).
         beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * uf / args.frames))
         if args.prioritized else None)

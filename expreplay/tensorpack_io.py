@@ -159,7 +159,7 @@ class ExpReplay(DataFlow, Callback):
             by default, as the reference.
         exploration (float): initial epsilon (1.0, as the reference).
         seed (int): seeds the batch sampling and the environments' first resets.
-        layout, n_step, gamma, beta, samples_per_insert: the
+        layout, n_step, gamma, beta, weight_norm, samples_per_insert: the
             :class:`~expreplay.stream.sampling.Sampling`'s.
         prioritized, alpha, priority_eps: the :class:`~expreplay.ReplayMemory`'s.
         checkpoint_dir (str): directory for the memory checkpoint. A training started with a
@@ -203,7 +203,7 @@ class ExpReplay(DataFlow, Callback):
                  episode_log_dir: str | os.PathLike | Literal[False] | None = None,
                  on_episode_end: Callable[[Any], None] | None = None, n_step: int = 1,
                  gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
-                 priority_eps: float = 1e-6, beta: Any = None,
+                 priority_eps: float = 1e-6, beta: Any = None, weight_norm: str = 'memory',
                  samples_per_insert: float | None = None,
                  prefetch: int = DEFAULT_PREFETCH) -> None:
         predictor = self._take_predictor(predictor_io_names)
@@ -219,7 +219,8 @@ class ExpReplay(DataFlow, Callback):
         memory_size = check_int(memory_size, 'memory_size', 1, allow_float=True)
         state_dtype = check_dtype(state_dtype, 'state_dtype')
         sampling = Sampling(batch_size, update_frequency, samples_per_insert=samples_per_insert,
-                            n_step=n_step, gamma=gamma, beta=beta, layout=layout, seed=seed)
+                            n_step=n_step, gamma=gamma, beta=beta, weight_norm=weight_norm,
+                            layout=layout, seed=seed)
         if maximum_staleness is None:
             maximum_staleness = 2 * sampling.steps_per_batch    # as the reference
         # At the end of training, waiting for a simulator thread to finish its env step or
@@ -409,6 +410,7 @@ _REFERENCE_ATTRIBUTES = {
     'n_step': ('sampling', 'n_step'),
     'gamma': ('sampling', 'gamma'),
     'beta': ('sampling', 'beta'),
+    'weight_norm': ('sampling', 'weight_norm'),
     'init_memory_size': ('stream', 'init_memory_size'),
     'checkpoint': ('stream', 'checkpoint'),
     'rate_limiter': ('stream', 'rate_limiter'),

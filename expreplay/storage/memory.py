@@ -210,7 +210,7 @@ class ReplayMemory:
 
     def sample(self, batch_size: int | float, *, n_step: int = 1, gamma: float = 0.99,
                beta: float | None = None, layout: str = 'NHWC', rng: Any = None,
-               out: SampleBatch | None = None) -> SampleBatch:
+               out: SampleBatch | None = None, weight_norm: str = 'memory') -> SampleBatch:
         """Sample ``batch_size`` n-step transitions (with replacement) as a :class:`SampleBatch`.
 
         A transition from the state at step ``t`` sums the rewards of steps ``t .. t + k - 1``
@@ -238,6 +238,8 @@ class ReplayMemory:
                 new batch and it is returned, so that a sampling loop allocates nothing
                 (``batch = mem.sample(64, out=batch)``). The caller must be done with the
                 previous contents, which are gone.
+            weight_norm: ``'memory'``: prioritized weights divided by the memory's largest;
+                ``'batch'``: by the batch's, each batch's largest being 1 (docs/rainbow.md).
 
         Raises:
             ValueError: a bad argument (named), ``out`` that does not fit the batch, or fewer
@@ -249,13 +251,13 @@ class ReplayMemory:
         gamma = check_real(gamma, 'gamma')
         if not 0.0 < gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
-        if beta is not None:
-            beta = check_probability(beta, 'beta')
+        beta = None if beta is None else check_probability(beta, 'beta')
         check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        check_choice(weight_norm, 'weight_norm', ('memory', 'batch'))
         rng = self._rng if rng is None else check_rng(rng, 'rng')
         if out is not None:
             self.sampler.check_out(out, size, layout, 'sample')
-        return self.sampler.n_step_batch(size, n_step, gamma, beta, layout, rng, out)
+        return self.sampler.n_step_batch(size, n_step, gamma, beta, layout, rng, out, weight_norm)
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Give sampled transitions new priorities (the learner's |TD error|, >= 0).

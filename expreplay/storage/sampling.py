@@ -106,7 +106,8 @@ class Sampler:
         return out
 
     def n_step_batch(self, batch_size: int, n_step: int, gamma: float, beta: float | None,
-                     layout: str, rng: Any, out: SampleBatch | None) -> SampleBatch:
+                     layout: str, rng: Any, out: SampleBatch | None,
+                     weight_norm: str = 'memory') -> SampleBatch:
         """A :class:`SampleBatch` of n-step transitions (by priority when the ring has them)."""
         ring = self.ring
         shape = self.state_shape(batch_size, ring.history_len, layout)
@@ -119,6 +120,8 @@ class Sampler:
                 prio.flush()
                 slots = prio.draw(batch_size, rng)
                 weights = None if beta is None else prio.weights(slots, beta)
+                if weights is not None and weight_norm == 'batch':
+                    weights = weights / weights.max()
             else:
                 slots = self.draw_uniform(batch_size, rng)
             if kernel is not None:

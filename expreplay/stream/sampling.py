@@ -50,6 +50,8 @@ class Sampling:
         beta (float or callable): importance-sampling exponent of prioritized replay in [0, 1],
             or a schedule ``beta(k)`` of the batch number k (0 for the first batch); None:
             weights of 1.
+        weight_norm (str): what the importance weights are divided by, ``'memory'`` or
+            ``'batch'`` (see :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`).
         layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
             ``'NCHW'`` (frames first, for models that transpose on the device).
         seed (int): seeds the draws; None: unseeded.
@@ -60,7 +62,8 @@ class Sampling:
 
     def __init__(self, batch_size: int, update_frequency: int | None = None, *,
                  samples_per_insert: float | None = None, n_step: int = 1, gamma: float = 0.99,
-                 beta: Beta = None, layout: str = 'NHWC', seed: int | None = None) -> None:
+                 beta: Beta = None, weight_norm: str = 'memory', layout: str = 'NHWC',
+                 seed: int | None = None) -> None:
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
         self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
         self.update_frequency: int | None
@@ -86,6 +89,7 @@ class Sampling:
         if beta is not None and not callable(beta):
             check_probability(beta, 'beta')
         self.beta = beta
+        self.weight_norm = check_choice(weight_norm, 'weight_norm', ('memory', 'batch'))
         self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         self.seed = check_seed(seed, 'seed')
         self._rng = np.random.default_rng(seed)
@@ -125,6 +129,7 @@ class Sampling:
                 return memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
             beta = self.beta(self.batches_sampled) if callable(self.beta) else self.beta
             batch = memory.sample(self.batch_size, n_step=self.n_step, gamma=self.gamma,
-                                  beta=beta, layout=self.layout, rng=self._rng)
+                                  beta=beta, layout=self.layout, rng=self._rng,
+                                  weight_norm=self.weight_norm)
             self.batches_sampled += 1
             return batch

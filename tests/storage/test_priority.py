@@ -152,6 +152,32 @@ def test_weights_equal_the_formula():
     assert np.all(mem.sample(64, rng=rng).weights == 1)     # beta=None: no correction
 
 
+def test_batch_weight_norm_divides_by_the_batch_largest_weight():
+    mem, _, _ = filled_prioritized(seed=3)
+    slots, tokens = all_tokens(mem)
+    rng = np.random.default_rng(2)
+    priorities = rng.random(len(slots)) * 5
+    priorities[0] = 0.0                  # one near-zero priority: the memory's largest weight
+    mem.update_priorities(tokens, priorities)
+    p = (priorities + 1e-6) ** 0.6
+    P = p / p.sum()
+    N = len(mem)
+    for beta in (0.4, 1.0):
+        b = mem.sample(200, beta=beta, rng=np.random.default_rng(5), weight_norm='batch')
+        m = mem.sample(200, beta=beta, rng=np.random.default_rng(5))      # the same draw
+        np.testing.assert_array_equal(b.indices, m.indices)
+        pos = np.searchsorted(slots, b.indices % mem.num_slots)
+        w = (N * P[pos]) ** -beta
+        np.testing.assert_allclose(b.weights, w / w.max(), rtol=1e-5)
+        assert b.weights.max() == pytest.approx(1.0)
+        # the memory-wide normalisation divides by the near-zero priority's weight instead
+        np.testing.assert_allclose(m.weights, b.weights * w.max() / ((N * P) ** -beta).max(),
+                                   rtol=1e-5)
+        assert m.weights.max() < 0.1
+    with pytest.raises(ValueError, match='weight_norm'):
+        mem.sample(8, beta=0.4, weight_norm='max')
+
+
 def test_new_steps_enter_at_running_max_priority():
     mem, _, writers = filled_prioritized(seed=4)
     slots, tokens = all_tokens(mem)

@@ -65,7 +65,8 @@ POPULATION_ARGS = {'num_parallel_players': 'num_players', 'exploration': 'explor
                    'manager_kwargs': 'manager_kwargs'}
 SAMPLING_ARGS = {'batch_size': 'batch_size', 'update_frequency': 'update_frequency',
                  'samples_per_insert': 'samples_per_insert', 'n_step': 'n_step',
-                 'gamma': 'gamma', 'beta': 'beta', 'layout': 'layout', 'seed': 'seed'}
+                 'gamma': 'gamma', 'beta': 'beta', 'weight_norm': 'weight_norm',
+                 'layout': 'layout', 'seed': 'seed'}
 
 
 def make_stream(factory, predictor=None, memory=None, **kwargs):

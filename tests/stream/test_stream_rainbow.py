@@ -79,6 +79,23 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch)
     assert our_threads() == []
 
 
+def test_batch_weight_norm_gives_every_batch_a_largest_weight_of_one(prefetch):
+    factory = EnvFactory(episode_lengths=(9, 4), ends=('terminated', 'truncated'))
+    rng = np.random.default_rng(0)
+    with make_stream(factory, prefer(0), exploration=0.3, prioritized=True, beta=0.7,
+                     weight_norm='batch', prefetch=prefetch) as stream:
+        assert stream.sampling.weight_norm == 'batch'
+        batches = iter(stream)
+        spread = 0.0
+        for _ in range(40):
+            batch = next(batches)
+            check_nstep_batch(batch, factory.envs, 1, 0.99)
+            assert batch.weights.max() == pytest.approx(1.0)
+            spread = max(spread, 1.0 - batch.weights.min())
+            stream.update_priorities(batch.indices, rng.random(len(batch.indices)) + 1e-3)
+    assert spread > 0.1          # the priorities differ, so the weights do: not all ones
+
+
 @pytest.mark.parametrize('players,spi', [(1, 4.0), (3, 2.0),
                                          # 2 inserts per sample: 4800 steps, ~3 s
                                          pytest.param(2, 0.5, marks=pytest.mark.slow)])
