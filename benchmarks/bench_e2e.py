@@ -131,16 +131,6 @@ class OldGymPong:
         return obs, reward, terminated or truncated, info
 
 
-def subprocess_pong(num_envs):
-    """A ``get_player`` for gymnasium's ``AsyncVectorEnv`` of ``num_envs`` :func:`pong` envs,
-    each in a worker process."""
-    import gymnasium as gym
-
-    def make():
-        return gym.vector.AsyncVectorEnv([pong] * num_envs, shared_memory=True)
-    return make
-
-
 # ---------------------------------------------------------------------------- contestants
 class Ours:
     """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
@@ -167,11 +157,6 @@ class Ours:
             # ``async=K``: one asynchronous AtariVectorEnv of the case's envs, each receive
             # returning the 1/K of them that are ready first
             get_player, players = vector_pong(players, players // settings['async']), 1
-        if settings.get('subproc'):
-            # ``subproc=K``: the case's envs as K players of gymnasium's AsyncVectorEnv, each
-            # sub-env in a process of its own (its steps hold that process's GIL, not ours)
-            k = settings['subproc']
-            get_player, players = subprocess_pong(players // k), k
         manager = ({} if settings['simulator_threads'] is None
                    else {'simulator_threads': settings['simulator_threads']})
         prefetch = {} if settings['prefetch'] is None else {'prefetch': settings['prefetch']}
@@ -292,6 +277,8 @@ def gil_free_share_of_env_step(seconds=1.0):
         for t in threads:
             t.join()
         rates.append(sum(counts) / (time.perf_counter() - t0))
+    for env in envs:
+        env.close()
     return min(max(1.0 - rates[0] / rates[1], 0.0), 1.0)
 
 
@@ -337,7 +324,7 @@ def run_case(args):
     print(json.dumps(out), flush=True)
     for c in contestants[1:]:
         if isinstance(c, Ours):
-            c.stream.close(save=False)     # subprocess players end their workers
+            c.stream.close(save=False)     # vector players end their engines' threads
     os._exit(0)      # the original's threads never stop
 
 
@@ -421,8 +408,7 @@ def main():
                     "changed: prefetch=N, maximum_staleness=N, simulator_threads=N, or vector=K (the "
                     "case's envs as K players of ale-py's AtariVectorEnv, which steps and "
                     "preprocesses them in C++ threads outside the GIL), or async=K (one "
-                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), subproc=K "
-                    "(K players of gymnasium's AsyncVectorEnv, a process per env), or "
+                    "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), or "
                     "switch_us=N (sys.setswitchinterval of N microseconds while it is measured)")
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")

@@ -58,6 +58,21 @@ class FakeVector:
 
 
 # ------------------------------------------------------------------------------ observations
+def refusal_chain(env, mem):
+    """The messages of the exception chain a one-runner manager raises within 5 steps of
+    ``env`` (one of them names what was refused)."""
+    runner = EnvRunner(env, None, mem, H, seed=0)
+    with EnvRunnerManager([runner], maximum_staleness=2) as mgr:
+        with pytest.raises(Exception) as info:
+            for _ in range(5):
+                mgr.step(1.0)
+    chain, err = [], info.value
+    while err is not None:
+        chain.append(str(err))
+        err = err.__cause__
+    return chain
+
+
 def test_an_observation_of_the_same_size_but_another_shape_is_refused():
     fmt = FrameFormat((2, 4), np.uint8)
     with pytest.raises(ValueError, match=r'player observation has shape \(4, 2\), expected '
@@ -85,15 +100,7 @@ def test_a_runner_refuses_a_transposed_observation():
     env = Tampered(lambda o, r, te, tr, i: (o.reshape(4, 2) if o.size == 8 else o, r, te, tr, i),
                    obs_shape=(2, 4))
     mem = ReplayMemory(200, (2, 4), H)
-    runner = EnvRunner(env, None, mem, H, seed=0)
-    with EnvRunnerManager([runner], maximum_staleness=2) as mgr:
-        with pytest.raises(Exception) as info:
-            for _ in range(5):
-                mgr.step(1.0)
-    chain, err = [], info.value
-    while err is not None:
-        chain.append(str(err))
-        err = err.__cause__
+    chain = refusal_chain(env, mem)
     assert any('player observation has shape (4, 2)' in text for text in chain), chain
     assert len(mem) == 0
 
@@ -161,15 +168,7 @@ def test_an_integer_reward_float32_can_not_hold_is_refused():
 def test_a_runner_stores_no_rounded_integer_reward():
     env = Tampered(lambda o, r, te, tr, i: (o, 2**24 + 1, te, tr, i))
     mem = ReplayMemory(200, (6,), H)
-    runner = EnvRunner(env, None, mem, H, seed=0)
-    with EnvRunnerManager([runner], maximum_staleness=2) as mgr:
-        with pytest.raises(Exception) as info:
-            for _ in range(5):
-                mgr.step(1.0)
-    chain, err = [], info.value
-    while err is not None:
-        chain.append(str(err))
-        err = err.__cause__
+    chain = refusal_chain(env, mem)
     assert any('16777217' in text for text in chain), chain
     assert len(mem) == 0
 
