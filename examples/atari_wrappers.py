@@ -98,10 +98,11 @@ class AtariPreprocess(gym.Wrapper):
         return info
 
     def step(self, action):
-        # The skipped frames go straight to the emulator (ale.act, which releases the GIL,
-        # sticky actions included) rather than through the wrapped env's step: that would
-        # copy out an RGB screen and build an info dict for each of them, under the GIL, only
-        # for them to be thrown away. The ends and the info are the wrapped env's own.
+        # The skipped frames go straight to the emulator (ale.act, sticky actions included)
+        # rather than through the wrapped env's step: that would copy out an RGB screen and
+        # build an info dict for each of them, only for them to be thrown away. The ends and
+        # the info are the wrapped env's own. (ale.act keeps the GIL while it emulates: Python
+        # threads stepping these envs take turns; the vector env below does not.)
         ale, code = self.ale, self._action_set[action]
         total, terminated, truncated = 0.0, False, False
         for t in range(self.frame_skip):
