@@ -208,8 +208,7 @@ class BatchWriter:
         bound = self._bound
         if bound is None or bound[1] is not history or bound[2] is not scores \
                 or bound[3] is not lengths or bound[4] is not lives_now:
-            bound = self._bound = (self.kernel_store((history._frames, history._pos, history._base,
-                                                    scores, lengths, lives_now)),
+            bound = self._bound = (self.kernel_store((*history.buffers(), scores, lengths, lives_now)),
                                    history, scores, lengths, lives_now)
         prio = ring.priorities
         with ring.lock:

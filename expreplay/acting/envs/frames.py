@@ -107,6 +107,12 @@ class FrameHistory:
         self._pos[lanes] = pos
         self._frames[self._base[lanes] + pos] = frames
 
+    def buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(frames, pos, base)``: the arrays the history lives in, for a kernel that pushes
+        frames in place (the write path's ``_acting_ext``), which must keep the invariant above:
+        lane ``i``'s newest frame is row ``base[i] + pos[i]`` of ``frames``."""
+        return self._frames, self._pos, self._base
+
     def latest(self, lane: int) -> np.ndarray:
         """The newest frame of ``lane`` (a view)."""
         return self._frames[lane * self.history_len + self._pos[lane]]
