@@ -102,11 +102,7 @@ class ReplayMemory:
                  extra_fields: Mapping[str, Any] | None = None) -> None:
         prioritized = check_bool(prioritized, 'prioritized')
         extra = check_extra_fields(extra_fields)
-        alpha = check_probability(alpha, 'alpha')
-        priority_eps = check_real(priority_eps, 'priority_eps', minimum=0.0)
-        if priority_eps <= 0:
-            raise ValueError(f"priority_eps must be > 0 (a zero priority would never be "
-                             f"sampled again), got {priority_eps!r}")
+        alpha, priority_eps = _priority_args(alpha, priority_eps)
         self.max_size = check_int(max_size, 'max_size', 1, allow_float=True)
         self.history_len = check_int(history_len, 'history_len', 1, allow_float=True)
         self.state_shape: tuple[int, ...] = check_shape(state_shape, 'state_shape')
@@ -174,6 +170,12 @@ class ReplayMemory:
     def prioritized(self) -> bool:
         """Whether :meth:`sample` draws by priority."""
         return self.ring.priorities is not None
+
+    @property
+    def priority_settings(self) -> dict[str, float] | None:
+        """``{'alpha': ..., 'priority_eps': ...}`` of a prioritized memory; None if uniform."""
+        p = self.ring.priorities
+        return None if p is None else {'alpha': p.alpha, 'priority_eps': p.eps}
 
     def sample_batch(self, batch_size: int | float, rng: Any = None, layout: str = 'NHWC', *,
                      out: list[np.ndarray] | None = None) -> list[np.ndarray]:
@@ -283,8 +285,7 @@ class ReplayMemory:
     @property
     def stale_priority_updates(self) -> int:
         """:meth:`update_priorities` entries skipped so far (their slot was evicted/rewritten)."""
-        prio = self.ring.priorities
-        return 0 if prio is None else prio.stale_updates
+        return 0 if self.ring.priorities is None else self.ring.priorities.stale_updates
 
     # ------------------------------------------------------------------ whole episodes
     def episodes(self) -> StoredEpisodes:
@@ -337,10 +338,9 @@ class ReplayMemory:
         The memory is built with the checkpoint's settings. Pass the settings you expect (any
         of ``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
         ``prioritized``, ``alpha``, ``priority_eps``, ``extra_fields``; ``extra_fields={}``
-        expects none) to have a checkpoint of other settings
-        refused, naming each setting that differs (``alpha`` and ``priority_eps`` are compared
-        when either side is prioritized). Checkpoints of format 2 (before priorities were
-        saved) load as uniform memories.
+        expects none) to have a checkpoint of other settings refused, naming each that differs
+        (``alpha`` and ``priority_eps`` are compared when either side is prioritized).
+        Checkpoints of format 2 (before priorities were saved) load as uniform memories.
 
         Raises:
             CheckpointError: (a ``ValueError``) the file is empty, truncated, corrupt, crafted
@@ -353,6 +353,16 @@ class ReplayMemory:
             block_size=block_size, prioritized=prioritized, alpha=alpha,
             priority_eps=priority_eps, extra_fields=extra_fields)
         return _checkpoint.load(cls, os.fspath(path), expected)
+
+
+def _priority_args(alpha: Any, priority_eps: Any) -> tuple[float, float]:
+    """``(alpha, priority_eps)`` checked: alpha in [0, 1], priority_eps > 0."""
+    alpha = check_probability(alpha, 'alpha')
+    priority_eps = check_real(priority_eps, 'priority_eps', minimum=0.0)
+    if priority_eps <= 0:
+        raise ValueError(f"priority_eps must be > 0 (a zero priority would never be "
+                         f"sampled again), got {priority_eps!r}")
+    return alpha, priority_eps
 
 
 def _check_allocatable(mem: ReplayMemory, extra: Mapping[str, np.dtype], prioritized: bool) -> None:

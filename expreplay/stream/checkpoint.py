@@ -44,9 +44,11 @@ class MemoryCheckpoint:
 
     def resume(self, memory: ReplayMemory) -> ReplayMemory | None:
         """The saved memory, expected to have ``memory``'s size, frame shape, history, dtype,
-        prioritization and extra fields; None when there is no checkpoint yet."""
+        prioritization (``alpha`` and ``priority_eps`` included) and extra fields; None when
+        there is no checkpoint yet."""
         return self.load(memory.max_size, memory.state_shape, memory.history_len, memory.dtype,
-                         prioritized=memory.prioritized, extra_fields=memory.extra_fields)
+                         prioritized=memory.prioritized, extra_fields=memory.extra_fields,
+                         **(memory.priority_settings or {}))
 
     def save(self, memory: ReplayMemory) -> int:
         """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames, and

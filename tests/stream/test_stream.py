@@ -528,3 +528,17 @@ def test_measured_ratio_is_the_asked_one_for_every_player(player, schedule, pref
     assert abs(sampled / 4 - inserted) <= 2 * 4 * 4 + 4, (sampled, inserted)
     assert stats['samples_per_insert'] == pytest.approx(sampled / inserted, rel=0.05)
     assert stats['samples_per_insert'] == pytest.approx(4.0, rel=0.1)
+
+
+def test_resume_refuses_a_checkpoint_of_other_priority_settings(tmp_path):
+    def memory(alpha):
+        return ReplayMemory(600, (6,), HISTORY, prioritized=True, alpha=alpha)
+
+    with make_stream(EnvFactory(), memory=memory(0.6), checkpoint_dir=tmp_path) as stream:
+        take(iter(stream), 3)
+    with pytest.raises(ValueError, match='alpha'):
+        make_stream(EnvFactory(), memory=memory(0.5), checkpoint_dir=tmp_path)
+    resumed = make_stream(EnvFactory(), memory=memory(0.6), checkpoint_dir=tmp_path)
+    assert resumed.resumed and resumed.memory.priority_settings == {'alpha': 0.6,
+                                                                     'priority_eps': 1e-6}
+    resumed.close()
