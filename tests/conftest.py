@@ -9,6 +9,13 @@ import os
 
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
+# numpy's OpenBLAS runs a matrix product on every core, its threads spinning while they wait for
+# each other. When the other core is busy (a second test worker, a subprocess the test started,
+# any other program), a product of the examples' small matrices can then take 30 times longer:
+# a short MinAtar run took 1 s or 25-38 s from one run to the next. One thread per process
+# makes the tests' times depend on their own work only. It must be set before numpy loads.
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
+
 import sys
 
 # Test modules sit in sub-directories that mirror the package. The helpers they share sit
