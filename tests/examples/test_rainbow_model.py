@@ -59,7 +59,7 @@ def test_td_errors_and_loss_and_priority_feedback(tmp_path):
             mem = replay.mem
             slots = v['sample_indices'] % mem.num_slots
             last = {s: t for s, t in zip(slots, v['td_error_abs'])}
-            tree = mem._priorities.tree
+            tree = mem.ring.priorities.tree
             for s, t in last.items():
                 assert tree.get(s) == pytest.approx((t + 1e-6) ** 0.6, rel=1e-5)
             checked.append(len(slots))

@@ -64,7 +64,7 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch)
 
     with make_stream(factory, prefer(0), exploration=0.3, prioritized=True, alpha=0.7,
                      beta=beta, n_step=2, gamma=0.95, prefetch=prefetch) as stream:
-        assert stream.memory.prioritized and stream.memory._priorities.alpha == 0.7
+        assert stream.memory.prioritized and stream.memory.ring.priorities.alpha == 0.7
         batches = iter(stream)
         for _ in range(80):
             batch = next(batches)
