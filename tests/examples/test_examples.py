@@ -128,11 +128,14 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
     assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
 
 
+# Slow as the Atari runs below: most of it is the example's TensorFlow import and graph.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
     logdir = tmp_path / 'cartpole'
     line = assert_stopped_cleanly(*interrupt_example(
-        tmp_path, 'dqn_cartpole.py', ['--logdir', logdir, '--eval-every', 500, '--eval-episodes', 2],
+        tmp_path, 'dqn_cartpole.py', ['--logdir', logdir, '--init-memory-size', 200,
+                                      '--eval-every', 100, '--eval-episodes', 2],
         'greedy mean score', times=2))      # the first evaluation has saved its weights by then
     assert f'the best weights so far are in {logdir}' in line, line
 
