@@ -307,6 +307,7 @@ def test_atari_preprocessing():
     b.close()
 
 
+@pytest.mark.slow          # 1,500 agent steps of two emulators: seconds per game
 @pytest.mark.parametrize('game', ['ALE/Pong-v5', 'ALE/Breakout-v5'])
 def test_atari_preprocessing_steps_the_emulator_as_the_wrapped_env_does(game):
     # The preprocessing drives the emulator directly: every agent step must give what stepping
