@@ -386,7 +386,7 @@ def test_tune_staleness_tiny_sweep(tmp_path, capsys, monkeypatch):
     out = tmp_path / 'sweep'
     rows, rec = tune_staleness.main(['--env', 'cheap', '--env-ms', '0.2', '--predictor', 'numpy',
                                      '--players', '1', '3', '--staleness', '1', '4', '--rounds', '2',
-                                     '--train-ms', '1', '--seconds', '0.4', '--warmup', '0.1',
+                                     '--train-ms', '1', '--seconds', '0.2', '--warmup', '0.05',
                                      '--init-memory-size', '100', '--out-dir', str(out)])
     text = capsys.readouterr().out
     assert os.listdir(cwd) == []
