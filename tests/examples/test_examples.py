@@ -134,8 +134,7 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
 def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
     logdir = tmp_path / 'cartpole'
     line = assert_stopped_cleanly(*interrupt_example(
-        tmp_path, 'dqn_cartpole.py', ['--logdir', logdir, '--init-memory-size', 200,
-                                      '--eval-every', 100, '--eval-episodes', 2],
+        tmp_path, 'dqn_cartpole.py', ['--logdir', logdir, '--eval-every', 500, '--eval-episodes', 2],
         'greedy mean score', times=2))      # the first evaluation has saved its weights by then
     assert f'the best weights so far are in {logdir}' in line, line
 
@@ -249,18 +248,18 @@ def test_progress_log_reports_agent_steps_games_and_epsilon():
     replay = types.SimpleNamespace(mem=mem, stream=stream, exploration=0.95)
     cb = ProgressLog(replay, every=30, first=10, clock=lambda: clock.now)
     cb.trainer = types.SimpleNamespace(global_step=250, epoch_num=1)
-    cb._before_train()
+    cb.before_train()
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     tp_logger = logging.getLogger('tensorpack')     # tensorpack's logger does not propagate
     tp_logger.addHandler(handler)
     try:
-        cb._trigger_step()                 # the first training step (the fill is over): t = 0
+        cb.trigger_step()                 # the first training step (the fill is over): t = 0
         for now, steps, expect in [(109.0, 1500, 0), (110.0, 1800, 1), (139.0, 2000, 1),
                                    (140.0, 4200, 2), (169.9, 4300, 2), (170.0, 4400, 3)]:
             clock.now, mem.num_steps_written = now, steps
-            cb._trigger_step()
+            cb.trigger_step()
             assert len(records) == expect, (now, [r.getMessage() for r in records])
     finally:
         tp_logger.removeHandler(handler)
