@@ -111,7 +111,7 @@ def test_samples_per_insert_keeps_the_ratio(players, spi, prefetch):
             if prefetch:
                 # Read the counts while the prefetch thread is idle (its buffer full), not
                 # between its admitting a batch and counting it drawn.
-                assert stream._prefetcher.wait_full(timeout=60)
+                assert stream.prefetcher.wait_full(timeout=60)
             lim = stream.rate_limiter
             s = lim.stats()
             # Every batch drawn was admitted: the diff stays in the limiter's band.
