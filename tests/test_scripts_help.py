@@ -8,10 +8,6 @@ import sys
 
 import pytest
 
-# The fixture starts every script once: under pytest-xdist (--dist loadgroup) the module's tests
-# share one worker, so that it is not started again in the other.
-pytestmark = pytest.mark.xdist_group('scripts_help')
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = sorted(os.path.relpath(p, ROOT) for d in ('benchmarks', 'examples')
                  for p in glob.glob(os.path.join(ROOT, d, '*.py')))

@@ -30,8 +30,8 @@ from scripted_env import ScriptedEnv, ScriptedEnvError, check_batch, decode, rew
 
 # Every test starts actor processes (and the module a local Ray, the last test a two-node
 # cluster): seconds each, about two minutes in all on 2 cores. CI runs them. Under pytest-xdist
-# (--dist loadgroup) they run in one worker, in order: one Ray at a time, shared by the module.
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group('ray')]
+# one worker runs them, in order (conftest.WORKER_GROUPS): one Ray at a time, shared by the module.
+pytestmark = pytest.mark.slow
 
 GEN = 10000                    # episodes of build g are numbered from GEN * g (2 bytes: g <= 5)
 LENGTHS = (5, 3, 8)
