@@ -56,20 +56,6 @@ import argparse
 import gc
 import os
 
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
-
-from atari_wrappers import FRAME_SHAPE, make_env, make_envpool, make_vector_env  # noqa: E402
-import gymnasium as gym  # noqa: E402
-from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, ProgressLog,  # noqa: E402
-                       evaluate, play_episode, tf, train_until_interrupted)
-from tensorpack import (Callback, ModelSaver, ObjAttrParam,  # noqa: E402
-                        OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
-                        ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
-                        launch_train_with_config, logger)
-from tensorpack.callbacks import JSONWriter  # noqa: E402
-
-import expreplay  # noqa: E402
-
 HISTORY = 4   # frames per state: one frame can not show which way the ball moves
 
 
@@ -157,6 +143,24 @@ def parse_args(argv=None):
     if args.init_memory_size is None:
         args.init_memory_size = min(args.memory_size // 20, 50_000)
     return args
+
+
+if __name__ == '__main__':
+    parse_args()   # --help and bad arguments answer before TensorFlow loads
+
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
+
+from atari_wrappers import FRAME_SHAPE, make_env, make_envpool, make_vector_env  # noqa: E402
+import gymnasium as gym  # noqa: E402
+from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, ProgressLog,  # noqa: E402
+                       evaluate, play_episode, tf, train_until_interrupted)
+from tensorpack import (Callback, ModelSaver, ObjAttrParam,  # noqa: E402
+                        OfflinePredictor, PeriodicTrigger, PredictConfig, QueueInput, RunOp,
+                        ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
+                        launch_train_with_config, logger)
+from tensorpack.callbacks import JSONWriter  # noqa: E402
+
+import expreplay  # noqa: E402
 
 
 def get_player(args, train=False, render_mode=None):

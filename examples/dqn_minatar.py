@@ -54,14 +54,6 @@ import csv
 import time
 import warnings
 
-import gymnasium as gym
-import minatar.gym
-import numpy as np
-
-from expreplay import Population, ReplayMemory, ReplayStream, Sampling
-
-minatar.gym.register_envs()
-
 GAMES = {'asterix': 'Asterix', 'breakout': 'Breakout', 'freeway': 'Freeway',
          'seaquest': 'Seaquest', 'space_invaders': 'SpaceInvaders'}
 
@@ -102,6 +94,18 @@ def argument_parser(description=__doc__):
 
 def parse_args(argv=None):
     return argument_parser().parse_args(argv)
+
+
+if __name__ == '__main__':
+    parse_args()   # --help and bad arguments answer before MinAtar loads (it imports seaborn)
+
+import gymnasium as gym  # noqa: E402
+import minatar.gym  # noqa: E402
+import numpy as np  # noqa: E402
+
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
+
+minatar.gym.register_envs()
 
 
 def make_env(game):

@@ -9,6 +9,13 @@ import os
 
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
+# numpy's OpenBLAS runs a matrix product on every core, its threads spinning while they wait for
+# each other. When the other core is busy (a second test worker, a subprocess the test started,
+# any other program), a product of the examples' small matrices can then take 30 times longer:
+# a short MinAtar run took 1 s or 25-38 s from one run to the next. One thread per process
+# makes the tests' times depend on their own work only. It must be set before numpy loads.
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
+
 import sys
 
 # Test modules sit in sub-directories that mirror the package. The helpers they share sit
@@ -18,3 +25,36 @@ _TESTS = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [_TESTS] + sorted(os.path.join(_TESTS, d) for d in os.listdir(_TESTS)
                                  if os.path.isfile(os.path.join(_TESTS, d, '__init__.py')) is False
                                  and os.path.isdir(os.path.join(_TESTS, d)) and not d.startswith(('.', '_')))
+
+import pytest
+
+# Under pytest-xdist (`-n 2 --dist loadgroup`, the README's commands) the tests go to the
+# workers one by one, except each group below, which one worker runs in collection order: the
+# Ray tests, so that one local Ray runs at a time (the module's tests share it) and the docs'
+# Ray block does not start a second; the --help tests, whose module fixture starts every script
+# once. The groups are given by node id: xdist's own `xdist_group` mark has no effect under
+# pytest 9 (xdist 3.8 renames the node id through an attribute pytest no longer reads).
+WORKER_GROUPS = {
+    'tests/integrations/test_ray.py::': 'ray',
+    'tests/test_docs_snippets.py::test_python_block_runs[docs/ray.md:': 'ray',
+    'tests/test_scripts_help.py::': 'scripts_help',
+}
+
+
+def worker_group(nodeid):
+    """The group of the test ``nodeid`` (its own node id if it is in none)."""
+    return next((group for prefix, group in WORKER_GROUPS.items() if nodeid.startswith(prefix)),
+                nodeid)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue('dist') != 'loadgroup':
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return worker_group(nodeid)
+
+    return GroupScheduling(config, log)

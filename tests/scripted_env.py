@@ -172,6 +172,7 @@ class ScriptedEnv(_ScriptedCore, gym.Env):
         if unknown:
             raise TypeError(f"unknown arguments {sorted(unknown)}")
         self._setup(env_id, **{**_DEFAULTS, **kwargs})
+        self.closed = False
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -179,6 +180,10 @@ class ScriptedEnv(_ScriptedCore, gym.Env):
 
     def step(self, action):
         return self._do_step(action)
+
+    def close(self):
+        self.closed = True
+        super().close()
 
 
 class OldApiScriptedEnv(_ScriptedCore):

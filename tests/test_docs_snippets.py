@@ -58,8 +58,12 @@ def test_the_docs_have_python_blocks():
     assert 'README.md' in files and len(BLOCKS) >= 10, files
 
 
-@pytest.mark.parametrize('path, start, code', BLOCKS,
-                         ids=[f'{path}:{start}' for path, start, _ in BLOCKS])
+# A block that starts Ray takes seconds to start it: slow, as the other tests of Ray actors (and
+# run by their pytest-xdist worker, conftest.WORKER_GROUPS: one Ray at a time).
+@pytest.mark.parametrize('path, start, code', [
+    pytest.param(path, start, code, id=f'{path}:{start}',
+                 marks=[pytest.mark.slow] if 'ray' in imported_modules(code) else [])
+    for path, start, code in BLOCKS])
 def test_python_block_runs(path, start, code, tmp_path):
     missing = sorted(m for m in imported_modules(code) if importlib.util.find_spec(m) is None)
     if missing:

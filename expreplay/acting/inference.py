@@ -124,7 +124,7 @@ class InferenceThread:
             inline = self._call_time < self.inline_below and not self._queue
             if not inline:
                 self._queue.append(pred)
-                self._cond.notify()
+                self._cond.notify_all()   # the thread, and any wait_queued() caller
         if inline:
             try:
                 result, error = self._run([pred])[0], None
@@ -133,6 +133,14 @@ class InferenceThread:
             with self._cond:
                 pred._complete(result, error)
         return pred
+
+    def wait_queued(self, rows: int, timeout: float | None = None) -> bool:
+        """Block until at least ``rows`` submitted states wait for the next call (a running
+        call's are not counted); False after ``timeout`` seconds. Callable from the predictor,
+        e.g. to see which submissions a call running now leaves for the next one."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: sum(len(p.states) for p in self._queue) >= rows, timeout)
 
     def _serve(self):
         try:

@@ -198,6 +198,27 @@ class EnvRunnerManager:
         """
         self._window.wait_idle(check_timeout(timeout, 'timeout', allow_none=True))
 
+    def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``ready()`` is true, looked at whenever a request finishes and at a fault
+        or :meth:`close` (e.g. ``lambda: mgr.progress()[1] < 3``); False after ``timeout`` s."""
+        return self._window.wait_for(ready, check_timeout(timeout, 'timeout', allow_none=True))
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` has begun."""
+        return self._window.closed
+
+    @property
+    def threads(self) -> tuple[threading.Thread, ...]:
+        """The simulator threads (none when a single runner steps in the caller's thread); the
+        ones :meth:`close` left running are named in ``stuck_threads``."""
+        return tuple(self._threads)
+
+    @property
+    def inference_threads(self) -> tuple[InferenceThread, ...]:
+        """The threads that run the predictors' batched calls, one per distinct predictor."""
+        return tuple(self._inference_threads.values())
+
     def _check_usable(self) -> None:
         """Raise the first fault, or ManagerClosed after close() (the window's waits call it)."""
         self._faults.raise_if_failed()

@@ -117,9 +117,8 @@ class ReplayMemory:
                               self.state_shape, self.dtype, extra,
                               (alpha, priority_eps) if prioritized else None)
         self.sampler = Sampler(self.ring)
-        # Tables that tests of other packages read by these names (the ring owns them).
-        self._frames, self._reward = self.ring.frames, self.ring.reward
-        self._block_state, self._priorities = self.ring.block_state, self.ring.priorities
+        # benchmarks/bench_population.py still reads the frames by this name (the ring owns them).
+        self._frames = self.ring.frames
         self._rng = np.random.default_rng()
         self._appender: TensorpackAppender | None = None
 

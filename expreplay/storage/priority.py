@@ -85,6 +85,17 @@ class SumMinTree:
         return float(self._min[0][0])
 
     @property
+    def sum_levels(self) -> tuple[np.ndarray, ...]:
+        """The nodes' sums, one array per level (root first, leaves last, padded with absent
+        nodes); for reading: the tree keeps them consistent."""
+        return self._sum_levels
+
+    @property
+    def min_levels(self) -> tuple[np.ndarray, ...]:
+        """The nodes' minima over present leaves, laid out as :attr:`sum_levels`."""
+        return self._min_levels
+
+    @property
     def leaves(self) -> np.ndarray:
         """The ``capacity`` leaf values as a writable view (for a checkpoint to read into;
         call :meth:`rebuild` after writing to it)."""
@@ -309,6 +320,12 @@ class PriorityIndex:
             self.max_priority = max(self.max_priority, float(priorities.max()))
             self.tree.set(slots, values)
         return stale
+
+    @property
+    def pending(self) -> np.ndarray:
+        """The slots published since the last :meth:`flush`, not in the tree yet (in the order
+        they came, repeats kept): a copy."""
+        return np.array(self._pending, np.int64)
 
     # -- hooks called by the memory's write path (under its lock)
     def on_publish(self, slots: int | np.ndarray) -> None:

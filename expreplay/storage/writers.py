@@ -100,6 +100,10 @@ class BatchWriter:
         cur = self._cur_slot if lanes is None else self._cur_slot[lanes]
         return cur >= 0
 
+    def current_slots(self, lanes: Any = None) -> np.ndarray:
+        """The slot of each lane's newest observation (-1 outside an episode): a copy."""
+        return (self._cur_slot if lanes is None else self._cur_slot[lanes]).copy()
+
     def lane_in_episode(self, lane: int) -> bool:
         """Whether ``lane`` is between an episode's first frame and its end."""
         return bool(self._cur_slot[lane] >= 0)
@@ -357,6 +361,12 @@ class LaneWriter:
     def in_episode(self) -> bool:
         """True between :meth:`start_episode` and the step that ends the episode."""
         return self._writer.lane_in_episode(0)
+
+    @property
+    def current_slot(self) -> int | None:
+        """The memory slot of this lane's newest observation; None outside an episode."""
+        slot = int(self._writer.current_slots()[0])
+        return slot if slot >= 0 else None
 
     def start_episode(self, obs: Any) -> None:
         """Start a new episode in this lane with its first observation (from ``reset()``).

@@ -80,6 +80,18 @@ class Prefetcher:
         """Results buffered now."""
         return len(self._items)
 
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that stopped the thread (None while it runs or after :meth:`stop`),
+        raised by :meth:`get` or not. Read without the lock, so usable in :meth:`wait_for`."""
+        return self._error
+
+    def wait_for(self, ready: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Block until ``ready()``, looked at whenever a result is buffered or handed out, a
+        consumer starts waiting, or the thread stops; False after ``timeout`` seconds."""
+        with self._cond:
+            return self._cond.wait_for(ready, timeout)
+
     # ------------------------------------------------------------------ the thread
     def _run(self):
         cond = self._cond

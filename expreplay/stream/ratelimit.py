@@ -80,6 +80,7 @@ class SampleToInsertRatio:
         self.insert_wait_time = 0.0     # seconds inserters spent blocked, summed
         self.sample_wait_time = 0.0
         self._closed = False
+        self._waiting = 0               # threads blocked in await_insert / await_sample
         self._cond = threading.Condition(threading.Lock())
 
     # ------------------------------------------------------------------ rules
@@ -150,6 +151,11 @@ class SampleToInsertRatio:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def waiting(self) -> int:
+        """Threads blocked in :meth:`await_insert` or :meth:`await_sample` now."""
+        return self._waiting
+
     def stats(self) -> dict[str, Any]:
         """Counts, the diff and the time spent waiting, as a dict."""
         with self._cond:
@@ -188,7 +194,11 @@ class SampleToInsertRatio:
                             f"{side} of {n} not admitted within {timeout:g} s (inserts="
                             f"{self.inserts}, samples={self.samples}, diff={self._diff():g}, "
                             f"allowed diff [{self.min_diff:g}, {self.max_diff:g}])")
-                    self._cond.wait(remaining)
+                    self._waiting += 1
+                    try:
+                        self._cond.wait(remaining)
+                    finally:
+                        self._waiting -= 1
             finally:
                 waited = time.monotonic() - start
                 if insert:

@@ -261,6 +261,12 @@ class ReplayStream:
         """Whether :meth:`close` was called."""
         return self._closed
 
+    @property
+    def prefetcher(self) -> Prefetcher | None:
+        """The thread drawing batches ahead: None with ``prefetch=0`` and before the first
+        batch is asked for."""
+        return self._prefetcher
+
     def close(self, save: bool = True) -> None:
         """Stop and join the prefetch thread and every simulator thread, then save the memory
         if a checkpoint is set.

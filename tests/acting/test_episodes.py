@@ -632,7 +632,7 @@ def test_expreplay_logs_episodes_next_to_tensorpack_logs(tmp_path):
 
     # episode_log_dir=False: no log even though tensorpack's log directory is (still) set.
     off = make_expreplay(EnvFactory(), episode_log_dir=False)
-    off._before_train()          # fills the memory at exploration 1: no trainer needed
-    off._after_train()
+    off.before_train()         # fills the memory at exploration 1: no trainer needed
+    off.after_train()
     assert off.episode_log is None and off.stream.episode_totals.episodes > 0
     assert len(read_episode_log(tmp_path / 'log' / EPISODE_LOG_FILENAME)) == len(records)

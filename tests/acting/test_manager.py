@@ -125,7 +125,7 @@ def test_staleness_guarantee_holds_in_every_mode(staleness, n_runners, threads):
                     assert entered.acquire(timeout=GUARD)
                     before = mgr.progress()[1]
                     gate.release()
-                    assert mgr._window.wait_for(lambda: mgr.progress()[1] < before, GUARD)
+                    assert mgr.wait_for(lambda: mgr.progress()[1] < before, GUARD)
             # Accepted k: requests 0 .. k - staleness are executed, their steps stored.
             assert mem.num_steps_written >= k - staleness + 1, (k, mem.num_steps_written)
         for _ in range(n):
@@ -146,16 +146,14 @@ def test_manager_merges_the_states_of_threads_waiting_at_once():
     def predictor(states):
         if not first_call:
             first_call.append(len(states))
-            it = holder['it']
-            with it._cond:   # the call runs unlocked: wait until the other runners have submitted
-                assert it._cond.wait_for(
-                    lambda: sum(len(p.states) for p in it._queue) >= 4 - len(states), GUARD)
+            # The call runs unlocked: wait until the other runners have submitted.
+            assert holder['it'].wait_queued(4 - len(states), GUARD)
         return inner(states)
 
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(envs[i], predictor, mem, H, index=i) for i in range(4)]
     with EnvRunnerManager(runners, maximum_staleness=8, simulator_threads=4) as mgr:
-        (holder['it'],) = mgr._inference_threads.values()
+        (holder['it'],) = mgr.inference_threads
         for _ in range(400):
             mgr.step(0.0)
         mgr.wait_idle(GUARD)
@@ -234,7 +232,7 @@ def test_simulator_threads_must_be_between_one_and_the_number_of_runners():
         with pytest.raises((ValueError, TypeError), match='simulator_threads'):
             EnvRunnerManager(runners, 2, simulator_threads=bad)
     with EnvRunnerManager(runners, 2, simulator_threads=3) as mgr:   # = one per runner
-        assert not mgr.pipelined and len(mgr._threads) == 3
+        assert not mgr.pipelined and len(mgr.threads) == 3
 
 
 @pytest.mark.parametrize('threads', MODES)

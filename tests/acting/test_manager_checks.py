@@ -72,5 +72,5 @@ def test_a_hung_reset_is_reported_as_a_reset_of_its_runner(threads):
     finally:
         gate.set()
         mgr.close()
-    assert not any(t.is_alive() for t in mgr._threads)
+    assert not any(t.is_alive() for t in mgr.threads)
 

@@ -145,14 +145,14 @@ def test_pipelined_reset_failure_books_every_request(restarts):
         with pytest.raises(EnvError, match=r'\(runner 2\)'):
             for _ in range(10_000):
                 mgr.step(0.0)
-        (thread,) = mgr._threads
+        (thread,) = mgr.threads
         thread.join(GUARD)                            # the failed thread stops by itself
         assert not thread.is_alive()
     stats = mgr.stats()
     mgr.close()
     # Every request the thread took was booked as finished (queued ones were never taken).
     assert stats['queue_depth'] - stats['queued'] == 0
-    assert not any(g.in_step for g in mgr._groups)     # no step left half begun
+    assert not any(r.group.in_step for r in runners)   # no step left half begun
     greedy_ok(envs)
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs, n_batches=3)
@@ -252,12 +252,12 @@ def test_close_while_envs_hang_in_reset_warns_and_threads_end_when_released(thre
         mgr.close(timeout=0.3)
     assert time.monotonic() - start < 1.5
     assert mgr.stuck_threads == stuck
-    assert all(t.daemon and t.is_alive() for t in mgr._threads if t.name in stuck)
+    assert all(t.daemon and t.is_alive() for t in mgr.threads if t.name in stuck)
     gate.set()                                  # the resets return: the threads stop
-    for t in mgr._threads:
+    for t in mgr.threads:
         t.join(GUARD)
         assert not t.is_alive()
-    assert all(r._closed for r in runners)      # each closed its own runner on the way out
+    assert all(e.closed for e in envs)         # each closed its own runner (and env) on the way out
 
 
 @pytest.mark.parametrize('threads', MODES)
@@ -295,7 +295,7 @@ def test_close_while_predictor_hangs_releases_a_blocked_step(threads):
     # Only the thread inside the predictor is left; a runner waiting for its result was released.
     assert mgr.stuck_threads == leader
     release.set()                               # the predictor returns: its thread stops
-    for th in mgr._threads:
+    for th in mgr.threads:
         th.join(GUARD)
         assert not th.is_alive()
 
@@ -363,12 +363,12 @@ def test_a_second_close_waits_for_the_first():
     first = threading.Thread(target=close, args=('first', 0.5))
     first.start()
     # The first close has begun (it notifies when it marks closed).
-    assert mgr._window.wait_for(lambda: mgr._window.closed, GUARD)
+    assert mgr.wait_for(lambda: mgr.closed, GUARD)
     second = threading.Thread(target=close, args=('second', GUARD))
     second.start()
     first.join(GUARD)
     second.join(GUARD)
     gate.set()
     assert order == ['first', 'second']
-    for t in mgr._threads:
+    for t in mgr.threads:
         t.join(GUARD)

@@ -290,7 +290,7 @@ def test_a_runner_stepped_alone_then_managed_starts_new_episodes_and_frees_its_o
     runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(2)]
     for _ in range(10):
         runners[0].step(0.5)              # its own group, its own lane
-    active = lambda: int((mem._block_state == 1).sum())   # noqa: E731
+    active = lambda: int((mem.ring.block_state == 1).sum())   # noqa: E731
     assert active() == 1
     with EnvRunnerManager(runners, 2) as mgr:
         assert active() == 0              # the solo group let its block go

@@ -96,8 +96,11 @@ def test_short_run_logs_episodes_and_progress(tmp_path, capsys, extra):
 def test_a_seed_makes_the_run_reproducible(tmp_path):
     """Same seed, same episodes and same weights: the learning test's figures can be rerun."""
     def run(name, seed):
+        # One update per 4 frames: 150 updates per run, enough for weights to show any
+        # difference (every update draws a batch and steps the optimizer).
         args = dqn_minatar.parse_args(['--frames', '900', '--replay-start', '300',
                                        '--memory-size', '900', '--target-update', '50',
+                                       '--update-frequency', '4',
                                        '--exploration-frames', '500', '--log-every', '1e9',
                                        '--seed', str(seed), '--returns', str(tmp_path / name)])
         learner, episodes = dqn_minatar.train(args)

@@ -128,6 +128,8 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
     assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
 
 
+# Slow as the Atari runs below: most of it is the example's TensorFlow import and graph.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cartpole_ctrl_c_ends_training_with_one_line(tmp_path):
     logdir = tmp_path / 'cartpole'
@@ -246,18 +248,18 @@ def test_progress_log_reports_agent_steps_games_and_epsilon():
     replay = types.SimpleNamespace(mem=mem, stream=stream, exploration=0.95)
     cb = ProgressLog(replay, every=30, first=10, clock=lambda: clock.now)
     cb.trainer = types.SimpleNamespace(global_step=250, epoch_num=1)
-    cb._before_train()
+    cb.before_train()
     records = []
     handler = logging.Handler()
     handler.emit = records.append
     tp_logger = logging.getLogger('tensorpack')     # tensorpack's logger does not propagate
     tp_logger.addHandler(handler)
     try:
-        cb._trigger_step()                 # the first training step (the fill is over): t = 0
+        cb.trigger_step()                 # the first training step (the fill is over): t = 0
         for now, steps, expect in [(109.0, 1500, 0), (110.0, 1800, 1), (139.0, 2000, 1),
                                    (140.0, 4200, 2), (169.9, 4300, 2), (170.0, 4400, 3)]:
             clock.now, mem.num_steps_written = now, steps
-            cb._trigger_step()
+            cb.trigger_step()
             assert len(records) == expect, (now, [r.getMessage() for r in records])
     finally:
         tp_logger.removeHandler(handler)
@@ -304,6 +306,7 @@ def test_atari_preprocessing():
     b.close()
 
 
+@pytest.mark.slow          # 1,500 agent steps of two emulators: seconds per game
 @pytest.mark.parametrize('game', ['ALE/Pong-v5', 'ALE/Breakout-v5'])
 def test_atari_preprocessing_steps_the_emulator_as_the_wrapped_env_does(game):
     # The preprocessing drives the emulator directly: every agent step must give what stepping
@@ -382,7 +385,7 @@ def test_tune_staleness_tiny_sweep(tmp_path, capsys, monkeypatch):
     out = tmp_path / 'sweep'
     rows, rec = tune_staleness.main(['--env', 'cheap', '--env-ms', '0.2', '--predictor', 'numpy',
                                      '--players', '1', '3', '--staleness', '1', '4', '--rounds', '2',
-                                     '--train-ms', '1', '--seconds', '0.4', '--warmup', '0.1',
+                                     '--train-ms', '1', '--seconds', '0.2', '--warmup', '0.05',
                                      '--init-memory-size', '100', '--out-dir', str(out)])
     text = capsys.readouterr().out
     assert os.listdir(cwd) == []

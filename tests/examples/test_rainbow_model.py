@@ -59,7 +59,7 @@ def test_td_errors_and_loss_and_priority_feedback(tmp_path):
             mem = replay.mem
             slots = v['sample_indices'] % mem.num_slots
             last = {s: t for s, t in zip(slots, v['td_error_abs'])}
-            tree = mem._priorities.tree
+            tree = mem.ring.priorities.tree
             for s, t in last.items():
                 assert tree.get(s) == pytest.approx((t + 1e-6) ** 0.6, rel=1e-5)
             checked.append(len(slots))
@@ -71,6 +71,9 @@ def test_td_errors_and_loss_and_priority_feedback(tmp_path):
     assert len(checked) == 40 and all(n == 32 for n in checked)
 
 
+# Runs the example as a user does (a process that imports TensorFlow and builds the graph): slow,
+# as the other such runs in test_examples.py.
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_atari_example_trains_with_prioritized_n_step(tmp_path):
     from test_examples import ATARI_SMOKE, run_example

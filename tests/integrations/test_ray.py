@@ -29,7 +29,8 @@ from expreplay.acting import EnvRunner, EnvRunnerManager          # noqa: E402
 from scripted_env import ScriptedEnv, ScriptedEnvError, check_batch, decode, reward_for   # noqa: E402
 
 # Every test starts actor processes (and the module a local Ray, the last test a two-node
-# cluster): seconds each, about two minutes in all on 2 cores. CI runs them.
+# cluster): seconds each, about two minutes in all on 2 cores. CI runs them. Under pytest-xdist
+# one worker runs them, in order (conftest.WORKER_GROUPS): one Ray at a time, shared by the module.
 pytestmark = pytest.mark.slow
 
 GEN = 10000                    # episodes of build g are numbered from GEN * g (2 bytes: g <= 5)

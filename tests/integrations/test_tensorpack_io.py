@@ -295,12 +295,12 @@ def test_a_callable_predictor_needs_no_trainer():
     factory = EnvFactory(episode_lengths=(50,))
     expreplay = make_expreplay(factory, predictor_io_names=q_values, init_memory_size=50)
     expreplay.exploration = 0.0
-    expreplay._before_train()
+    expreplay.before_train()
     batches = iter(expreplay)
     for _ in range(10):
         comb_state, action, reward, is_over = next(batches)
         assert comb_state.shape == (16, 6, HISTORY + 1)
-    expreplay._after_train()
+    expreplay.after_train()
     assert set(a for env in factory.envs for a, *_ in env.transitions.values()) == {2}
     assert not [t for t in threading.enumerate() if t.name.startswith(OUR_THREADS)]
 

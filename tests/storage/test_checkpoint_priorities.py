@@ -31,7 +31,7 @@ def prioritized_with_history(seed=0, **kwargs):
     priorities[5] = 40.0                          # the running maximum
     mem.update_priorities(tokens, priorities)
     writers.write(3)                              # queued, not yet in the tree
-    assert mem.ring.priorities._pending
+    assert len(mem.ring.priorities.pending)
     return mem, writers
 
 
@@ -53,8 +53,8 @@ def test_round_trip_keeps_the_exact_sampling_distribution(tmp_path):
     assert b.stale_updates > 0
     # The tree, inner nodes included, is the saved one bit for bit: the same draws follow.
     for level in range(a.tree.depth + 1):
-        np.testing.assert_array_equal(b.tree._sum[level], a.tree._sum[level])
-        np.testing.assert_array_equal(b.tree._min[level], a.tree._min[level])
+        np.testing.assert_array_equal(b.tree.sum_levels[level], a.tree.sum_levels[level])
+        np.testing.assert_array_equal(b.tree.min_levels[level], a.tree.min_levels[level])
     np.testing.assert_array_equal(leaves(loaded) > 0, (loaded.ring.flags[:loaded.num_slots] & VALID) != 0)
     for seed in range(5):
         x = mem.sample(64, n_step=3, beta=0.5, rng=np.random.default_rng(seed))
@@ -71,14 +71,14 @@ def test_round_trip_keeps_the_exact_sampling_distribution(tmp_path):
     w.add_step(0, 0.0, encode(99, 1, 1))
     w.add_step(0, 0.0, encode(99, 1, 2))
     loaded.sample(1)
-    slot = int(w._writer._cur_slot[0]) - 1
+    slot = w.current_slot - 1
     assert loaded.ring.flags[slot] & VALID
     assert leaves(loaded)[slot] == pytest.approx((40.0 + 1e-3) ** 0.7)
 
 
 def test_steps_queued_at_the_save_are_in_the_checkpoint(tmp_path):
     mem, _ = prioritized_with_history(seed=1)
-    pending = np.unique(mem.ring.priorities._pending)
+    pending = np.unique(mem.ring.priorities.pending)
     pending = pending[(mem.ring.flags[pending] & VALID) != 0]
     assert len(pending)
     mem.save(tmp_path / 'mem.npz')

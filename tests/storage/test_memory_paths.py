@@ -189,7 +189,7 @@ def test_dropped_writers_give_their_blocks_back(kernels, kind):
     fresh.start_episode(encode(99, 1, 0))
     for t in range(30):      # four blocks' worth: every claim finds a block given back
         fresh.add_step(0, 1.0, encode(99, 1, t + 1))
-    assert decode(mem.ring.frames[fresh._writer._cur_slot[0]]) == (99, 1, 30)
+    assert decode(mem.ring.frames[fresh.current_slot]) == (99, 1, 30)
 
 
 def test_a_closed_writer_is_not_given_back_twice(kernels):

@@ -32,7 +32,7 @@ def test_the_kernel_validates_its_arguments(tree_impl):
     if tree_impl != 'C':
         pytest.skip("C only")
     tree = SumMinTree(100, fanout=4)
-    sums, mins = tuple(tree._sum), tuple(tree._min)
+    sums, mins = tree.sum_levels, tree.min_levels
     out = np.empty(3, np.int64)
     with pytest.raises(ValueError, match='float64'):
         _tree_ext.find(tuple(a.astype(np.float32) for a in sums), np.zeros(3), out, 4)
@@ -248,14 +248,14 @@ def test_queued_steps_are_entered_without_a_sample(monkeypatch):
     monkeypatch.setattr(PriorityIndex, 'FLUSH_AT', 50)
     mem, _, writers = filled_prioritized(seed=7, rounds=300)
     prio = mem.ring.priorities
-    assert len(prio._pending) < 50
+    assert len(prio.pending) < 50
     in_tree = prio.tree.get(np.arange(mem.num_slots)) > 0
     valid = (mem.ring.flags & VALID) != 0
     # Every VALID slot is in the tree, or still queued; nothing else is in the tree.
     queued = np.zeros(mem.num_slots, bool)
-    queued[prio._pending] = True
+    queued[prio.pending] = True
     np.testing.assert_array_equal(in_tree | (queued & valid), valid)
-    assert in_tree.sum() > len(prio._pending)
+    assert in_tree.sum() > len(prio.pending)
 
 
 @pytest.mark.parametrize('indices,priorities,name', [

@@ -66,7 +66,7 @@ def test_largest_float32_reward_and_numpy_scalars_are_accepted():
     w.add_step(0, big, np.zeros(3, np.float32))
     w.add_step(1, np.float32(-2.5), np.zeros(3, np.float32))
     w.add_step(1, np.int64(3), np.zeros(3, np.float32), terminated=True)
-    assert sorted(mem._reward[:3].tolist()) == [-2.5, 3.0, big]
+    assert sorted(mem.ring.reward[:3].tolist()) == [-2.5, 3.0, big]
 
 
 @pytest.mark.parametrize('bad', [math.nan, math.inf, -math.inf])
@@ -92,7 +92,7 @@ def test_float64_rounding_into_float32_is_accepted():
     mem = float_memory()
     w = started_writer(mem)
     w.add_step(0, 0.0, np.array([0.1, -3.3, 1e30]))
-    assert mem._frames[1].tolist() == np.float32([0.1, -3.3, 1e30]).tolist()
+    assert mem.ring.frames[1].tolist() == np.float32([0.1, -3.3, 1e30]).tolist()
 
 
 def test_integers_a_float_memory_would_round_are_refused():
@@ -103,7 +103,7 @@ def test_integers_a_float_memory_would_round_are_refused():
     w.add_step(0, 0.0, np.array([2**24, 2**40, -7], np.int64))
     mem64 = float_memory(dtype='float64')
     started_writer(mem64).add_step(0, 0.0, np.array([0, 2**40 + 1, 0], np.int64))
-    assert mem64._frames[1, 1] == 2**40 + 1
+    assert mem64.ring.frames[1, 1] == 2**40 + 1
 
 
 def test_a_bool_memory_refuses_integers_other_than_0_and_1():

@@ -20,8 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 def wait_for_waiting_consumer(prefetcher, timeout=30):
-    with prefetcher._cond:
-        assert prefetcher._cond.wait_for(lambda: prefetcher.consumers_waiting > 0, timeout)
+    assert prefetcher.wait_for(lambda: prefetcher.consumers_waiting > 0, timeout)
 
 
 # ---------------------------------------------------------------------- the Prefetcher alone
@@ -89,8 +88,7 @@ def test_an_error_in_produce_reaches_the_consumer_chained_and_named():
 
 def test_an_error_no_get_raised_is_kept_for_the_owner():
     p = Prefetcher(lambda: 1 / 0, 1, name='test-prefetch')
-    with p._cond:
-        assert p._cond.wait_for(lambda: p._error is not None, 30)
+    assert p.wait_for(lambda: p.error is not None, 30)
     p.stop()
     assert p.join(10)
     assert isinstance(p.unraised_error(), ZeroDivisionError)
@@ -123,7 +121,7 @@ def test_close_releases_a_consumer_blocked_in_next(players):
     stream.start()
     stepping['after_fill'] = True
     batches = stream.batches()     # starts the prefetch thread
-    prefetcher = stream._prefetcher
+    prefetcher = stream.prefetcher
     outcome = {}
 
     def consume():
@@ -250,9 +248,8 @@ def test_a_prefetch_error_no_next_raised_is_raised_by_close():
     stream = make_stream(EnvFactory(), memory=memory, prefetch=3)
     stream.start()
     stream.batches()               # starts the prefetch thread, which fails at its 2nd draw
-    prefetcher = stream._prefetcher
-    with prefetcher._cond:
-        assert prefetcher._cond.wait_for(lambda: prefetcher._error is not None, 30)
+    prefetcher = stream.prefetcher
+    assert prefetcher.wait_for(lambda: prefetcher.error is not None, 30)
     with pytest.raises(RuntimeError, match='gather failed'):
         stream.close()
     assert our_threads() == []

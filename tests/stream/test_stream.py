@@ -129,7 +129,7 @@ class DrawLog(ReplayMemory):
     def _record(self):
         stream = self.stream
         self.draws.append((self.num_steps_written,
-                           stream.fill_steps + stream._pacer.requests, len(self.draws) + 1))
+                           stream.fill_steps + stream.stats()['step_requests'], len(self.draws) + 1))
 
     def sample_batch(self, *args, **kwargs):
         self._record()
@@ -355,7 +355,7 @@ def test_vector_env_players_insert_update_frequency_per_batch(prefetch):
         if prefetch:
             # Read the counts while the prefetch thread is idle (its buffer full), not while
             # it is making the requests of its next batch.
-            assert stream._prefetcher.wait_full(timeout=60)
+            assert stream.prefetcher.wait_full(timeout=60)
         drawn = stream.stats()['batches_drawn']
         steps = stream.memory.num_steps_written - written_after_fill
         measured = stream.stats()['samples_per_insert']

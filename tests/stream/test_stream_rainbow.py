@@ -64,7 +64,7 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch)
 
     with make_stream(factory, prefer(0), exploration=0.3, prioritized=True, alpha=0.7,
                      beta=beta, n_step=2, gamma=0.95, prefetch=prefetch) as stream:
-        assert stream.memory.prioritized and stream.memory._priorities.alpha == 0.7
+        assert stream.memory.prioritized and stream.memory.ring.priorities.alpha == 0.7
         batches = iter(stream)
         for _ in range(80):
             batch = next(batches)
@@ -111,7 +111,7 @@ def test_samples_per_insert_keeps_the_ratio(players, spi, prefetch):
             if prefetch:
                 # Read the counts while the prefetch thread is idle (its buffer full), not
                 # between its admitting a batch and counting it drawn.
-                assert stream._prefetcher.wait_full(timeout=60)
+                assert stream.prefetcher.wait_full(timeout=60)
             lim = stream.rate_limiter
             s = lim.stats()
             # Every batch drawn was admitted: the diff stays in the limiter's band.
