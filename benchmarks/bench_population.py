@@ -259,7 +259,7 @@ def drive(step, count, warmup, seconds):
 def ours(players, predictor, staleness, warmup, seconds, memory_size):
     from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
     mem = ReplayMemory(memory_size, FRAME, HISTORY)
-    mem._frames.fill(0)     # steady state: a memory that has wrapped has its pages mapped
+    mem.ring.frames.fill(0)     # steady state: a memory that has wrapped has its pages mapped
     runners = [EnvRunner(p, predictor, mem, HISTORY, index=i, close_player=False)
                for i, p in enumerate(players)]
     with EnvRunnerManager(runners, staleness) as mgr:

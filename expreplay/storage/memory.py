@@ -117,8 +117,6 @@ class ReplayMemory:
                               self.state_shape, self.dtype, extra,
                               (alpha, priority_eps) if prioritized else None)
         self.sampler = Sampler(self.ring)
-        # benchmarks/bench_population.py still reads the frames by this name (the ring owns them).
-        self._frames = self.ring.frames
         self._rng = np.random.default_rng()
         self._appender: TensorpackAppender | None = None
 
