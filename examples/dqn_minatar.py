@@ -51,8 +51,14 @@ the paper's set-up.
 
 import argparse
 import csv
+import os
 import time
 import warnings
+
+# The learner's matrices are small: OpenBLAS's threads spin while they wait for each other, and
+# on a machine whose other cores are busy a product then takes up to 30x longer. One thread,
+# unless you set it; it must be set before numpy loads.
+os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 
 GAMES = {'asterix': 'Asterix', 'breakout': 'Breakout', 'freeway': 'Freeway',
          'seaquest': 'Seaquest', 'space_invaders': 'SpaceInvaders'}
