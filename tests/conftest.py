@@ -34,6 +34,8 @@ import pytest
 # Ray block does not start a second; the --help tests, whose module fixture starts every script
 # once. The groups are given by node id: xdist's own `xdist_group` mark has no effect under
 # pytest 9 (xdist 3.8 renames the node id through an attribute pytest no longer reads).
+# The scheduler below overrides xdist's LoadScopeScheduling._split_scope, not a public hook:
+# the `test` extra pins pytest-xdist to the version it was written for.
 WORKER_GROUPS = {
     'tests/integrations/test_ray.py::': 'ray',
     'tests/test_docs_snippets.py::test_python_block_runs[docs/ray.md:': 'ray',
