@@ -5,7 +5,8 @@
  * copy moves about one byte per cycle, 4-5x slower than gathering the frames themselves.
  * Here 16 pixels of the K history frames are loaded into SSE2 registers, byte-transposed
  * with unpack instructions into one 8-byte word per pixel, and each word is written with a
- * single store: the batch is built at roughly memcpy speed, with the GIL released.
+ * single store (five frames, the commonest case, are assembled into whole 16-byte stores
+ * with SSSE3 shuffles instead; see interleave_row5), with the GIL released.
  *
  * Plain CPython C API + buffer protocol (no numpy headers). Only 1-byte items and
  * 2 <= K <= 8 are handled; _gather.py uses numpy for everything else, and when this
