@@ -37,6 +37,16 @@ CPU ms per ``sample_batch(64)``, and the bounds these give for ``update_frequenc
 ``cores / (4 env + sample)`` updates/s for the CPU and ``1 / (4 GIL-held env + sample)`` for
 one interpreter's GIL.
 
+``--profile`` measures where the pipeline's CPU and GIL go instead (case ``a8``'s set-up, no
+original): per update, the CPU time of each stage (the env's step, acting bookkeeping, the
+predictor hand-off, the write, pacing, the draw, the prefetch hand-over) from counters at the
+stage boundaries, and its GIL-held time from ``py-spy record --gil`` (``stage_profile.py``),
+for 8 single-env gymnasium players and for 2 ale-py ``AtariVectorEnv`` players of 4 envs; each
+round measures each set-up three times, interleaved: plain (the CPU per update), with the
+counters, with py-spy. Then the floor in the same run: CPU per env step of one gymnasium env
+(and of one ``AtariVectorEnv`` of 4, all its threads) times ``update_frequency``, plus one
+``sample_batch(64)``.
+
 ``--compare vector=K`` adds a contestant whose envs are K players of ale-py's
 ``AtariVectorEnv`` (the same preprocessing, done by C++ threads outside the GIL): what a
 learner gets when the envs do not hold the GIL.
@@ -45,6 +55,7 @@ Usage::
 
     python benchmarks/bench_e2e.py --reference PATH/tensorpack_expreplay.py [--cases a8 a16 b8]
         [--rounds 3] [--seconds 5] [--prefetch N] [--ceiling] [--compare vector=2]
+    python benchmarks/bench_e2e.py --profile [--rounds 3] [--seconds 3]
 
 Each case runs in a subprocess of its own (the original's threads never stop; a process that
 exits frees them and its memory).
@@ -102,6 +113,20 @@ def pong():
     return make_env('ALE/Pong-v5', sticky=0.25, max_episode_steps=None)
 
 
+def counted(make, clock):
+    """``make`` whose env's ``step`` and ``reset`` count as the stage 'env step' on ``clock``
+    (patched on the instance before the acting layer binds them)."""
+    if clock is None:
+        return make
+
+    def make_counted():
+        env = make()
+        clock.patch(env, 'step', 'env step')
+        clock.patch(env, 'reset', 'env step')
+        return env
+    return make_counted
+
+
 def vector_pong(num_envs, batch_size=0):
     """A ``get_player`` for ale-py's ``AtariVectorEnv``: ``num_envs`` Pong envs stepped by C++
     threads with the preprocessing of :func:`pong` (frameskip 4 with max-pooling, grayscale
@@ -135,7 +160,7 @@ class OldGymPong:
 class Ours:
     """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
 
-    def __init__(self, players, predictor, args, variant=None):
+    def __init__(self, players, predictor, args, variant=None, clock=None):
         from expreplay import Population, ReplayMemory, ReplayStream, Sampling
         settings = dict(prefetch=args.prefetch, maximum_staleness=args.staleness,
                         simulator_threads=args.simulator_threads)
@@ -157,6 +182,7 @@ class Ours:
             # ``async=K``: one asynchronous AtariVectorEnv of the case's envs, each receive
             # returning the 1/K of them that are ready first
             get_player, players = vector_pong(players, players // settings['async']), 1
+        get_player = counted(get_player, clock)
         manager = ({} if settings['simulator_threads'] is None
                    else {'simulator_threads': settings['simulator_threads']})
         prefetch = {} if settings['prefetch'] is None else {'prefetch': settings['prefetch']}
@@ -291,6 +317,123 @@ def cpu_ms_per_sample(memory, reps=300):
     return (time.thread_time() - c0) / reps * 1e3
 
 
+def cpu_ms_per_vector_env_step(num_envs=4, steps=500):
+    """CPU ms (all the process's threads: the engine's C++ threads do the work) per env step
+    of one ``AtariVectorEnv`` of ``num_envs`` Pong envs, random actions; the process
+    otherwise idle."""
+    env = vector_pong(num_envs)()
+    env.reset(seed=0)
+    rng = np.random.default_rng(0)
+    c0 = time.process_time()
+    for _ in range(steps):
+        env.step(rng.integers(6, size=num_envs))
+    cpu = time.process_time() - c0
+    env.close()
+    return cpu / (steps * num_envs) * 1e3
+
+
+# ---------------------------------------------------------------------------- --profile
+PROFILE_SETUPS = [('8 single-env gymnasium Pong', None), ('2 AtariVectorEnv x 4', 'vector=2')]
+GIL_RATE = 250          # py-spy samples per second
+
+
+def instrument(clock):
+    """Count the library's stages on ``clock``: its classes' methods wrapped from here (the
+    library is not edited); the env's calls are wrapped by :func:`counted`."""
+    from expreplay.acting.inference import InferenceThread, Prediction
+    from expreplay.acting.lanes import LaneEpisodes
+    from expreplay.acting.simulator import SimulatorThread
+    from expreplay.acting.window import StalenessWindow
+    from expreplay.stream.pacing import Pacer
+    from expreplay.stream.prefetch import Prefetcher
+    from expreplay.stream.sampling import Sampling
+    for owner, name, stage in [
+            (SimulatorThread, '_begin', 'acting'), (SimulatorThread, '_finish', 'acting'),
+            (StalenessWindow, 'take', 'acting'), (StalenessWindow, 'finish', 'acting'),
+            (InferenceThread, 'submit', 'predictor hand-off'),
+            (Prediction, 'wait', 'predictor hand-off'),
+            (LaneEpisodes, 'store', 'write'), (LaneEpisodes, 'store_fast', 'write'),
+            (LaneEpisodes, 'start', 'write'),
+            (Pacer, 'before_draw', 'pace'), (Sampling, 'draw', 'draw'),
+            (Prefetcher, 'get', 'hand-over')]:
+        clock.patch(owner, name, stage)
+
+
+def measure_profiled(contestant, warmup, seconds, mode, clock, spy_path):
+    """One measure of ``contestant`` in ``mode`` ('plain', 'counters' or 'gil'): updates/s,
+    CPU ms per update, env steps stored per update, and for 'counters' / 'gil'
+    ``{stage: ms per update}`` (CPU / GIL-held)."""
+    memory = contestant.stream.memory
+    deadline = time.perf_counter() + warmup
+    while time.perf_counter() < deadline:
+        learner(contestant.next())
+    spy = None
+    if mode == 'gil':
+        from stage_profile import record_gil
+        spy = record_gil(seconds, GIL_RATE, spy_path)
+        time.sleep(0.3)                  # py-spy attaches (its samples start then)
+    elif mode == 'counters':
+        clock.start()
+    n, w0, t0, c0 = 0, memory.num_steps_written, time.perf_counter(), time.process_time()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        learner(contestant.next())
+        n += 1
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    steps = memory.num_steps_written - w0
+    out = dict(rate=n / wall, cpu_ms=cpu / n * 1e3, steps_per_update=steps / n)
+    if mode == 'counters':
+        stages, _ = clock.stop()
+        out['stages'] = {k: v / n * 1e3 for k, v in stages.items()}
+    elif spy is not None:
+        _, err = spy.communicate()
+        if spy.returncode != 0 or not os.path.exists(spy_path):
+            print(f"py-spy failed: {err.strip()[-300:]}", file=sys.stderr)
+        else:
+            from stage_profile import gil_functions, gil_stages
+            # py-spy samples from its attach to `seconds` later; the loop ran about as long:
+            # GIL-held time per update is the GIL-held share of a second times the seconds
+            # per update of the loop.
+            per_update = wall / seconds / n * 1e3
+            held = gil_stages(spy_path, GIL_RATE)
+            out['stages'] = {k: v * per_update for k, v in held.items()}
+            out['functions'] = {' | '.join(k): v * per_update
+                                for k, v in gil_functions(spy_path, GIL_RATE).items()}
+    return out
+
+
+def run_profile(args):
+    from stage_profile import StageClock
+    clock = StageClock()
+    instrument(clock)
+    predictor = clock.wrap(off_cpu_predictor(), 'predictor (simulated, off-CPU)')
+    contestants = [(label, Ours(8, predictor, args, variant, clock=clock))
+                   for label, variant in PROFILE_SETUPS]
+    modes = ['plain', 'counters', 'gil']
+    out = {'case': 'profile', 'profile': {label: {m: [] for m in modes} for label, _ in contestants}}
+    spy_path = f'/tmp/bench_e2e_gil_{os.getpid()}.txt'
+    for r in range(args.rounds):
+        order = contestants if r % 2 == 0 else contestants[::-1]
+        for mode in (modes if r % 2 == 0 else modes[::-1]):
+            for label, c in order:
+                res = measure_profiled(c, args.warmup, args.seconds, mode, clock, spy_path)
+                out['profile'][label][mode].append(res)
+                print(f"  profile round {r + 1} {label} {mode}: {res['rate']:.0f}/s, "
+                      f"{res['cpu_ms']:.2f} CPU ms per update; load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
+    sample_ms = cpu_ms_per_sample(contestants[0][1].stream.memory)
+    for _, c in contestants:
+        c.stream.close(save=False)       # the floor is measured on an idle process
+    out['floor'] = dict(env_ms=cpu_ms_per_env_step(), vector_env_ms=cpu_ms_per_vector_env_step(),
+                        gil_free_share=gil_free_share_of_env_step(),
+                        sample_ms=cpu_ms_per_sample(contestants[0][1].stream.memory))
+    out['floor']['sample_ms'] = min(sample_ms, out['floor']['sample_ms'])
+    if os.path.exists(spy_path):
+        os.remove(spy_path)
+    print(json.dumps(out), flush=True)
+    os._exit(0)
+
+
 # ---------------------------------------------------------------------------- one case
 def run_case(args):
     kind, players = CASES[args.case]
@@ -374,6 +517,70 @@ def report(results, args):
               "examples/DeepQNetwork/expreplay.py")
 
 
+STAGE_ORDER = ['env step', 'env step: engine threads (C++)', 'acting', 'predictor hand-off',
+               'write', 'pace', 'draw', 'hand-over', 'predictor (simulated, off-CPU)',
+               'learner loop (benchmark)']
+NOT_LIBRARY = ('env step', 'env step: engine threads (C++)', 'predictor (simulated, off-CPU)',
+               'learner loop (benchmark)')
+
+
+def report_profile(res, args):
+    prof, floor = res['profile'], res['floor']
+    print(f"\nper update (batch {BATCH}, update_frequency {UPDATE_FREQUENCY}; predictor 0.3 ms + "
+          f"0.01 ms/state and learner {LEARNER_SECONDS * 1e3:g} ms, both off the CPU): CPU ms of "
+          f"each stage from counters, GIL-held ms from py-spy --gil at {GIL_RATE}/s; medians of "
+          f"{args.rounds} interleaved rounds of {args.seconds:g} s; load now "
+          f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    labels = list(prof)
+
+    def stage_medians(runs):
+        keys = {k for run in runs for k in run.get('stages', {})}
+        return {k: med([run.get('stages', {}).get(k, 0.0) for run in runs]) for k in keys}
+
+    cpu = {label: stage_medians(prof[label]['counters']) for label in labels}
+    gil = {label: stage_medians(prof[label]['gil']) for label in labels}
+    stages = STAGE_ORDER + sorted({k for d in list(cpu.values()) + list(gil.values())
+                                   for k in d} - set(STAGE_ORDER))
+    print("| stage | " + " | ".join(f"{label}: CPU | GIL" for label in labels) + " |")
+    print("|---|" + "---|---|" * len(labels))
+    for k in stages:
+        cells = [f"{cpu[label].get(k, 0.0):.3f} | {gil[label].get(k, 0.0):.3f}" for label in labels]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+    print("| sum of the stages | " + " | ".join(
+        f"{sum(cpu[label].values()):.3f} | {sum(gil[label].values()):.3f}" for label in labels) + " |")
+    for label in labels:
+        plain = prof[label]['plain']
+        steps = med([r['steps_per_update'] for r in plain])
+        cpu_plain = med([r['cpu_ms'] for r in plain])
+        env_ms = floor['env_ms'] if label.startswith('8 single') else floor['vector_env_ms']
+        floor_ms = UPDATE_FREQUENCY * env_ms + floor['sample_ms']
+        library_gil = sum(v for k, v in gil[label].items() if k not in NOT_LIBRARY)
+        library_cpu = sum(v for k, v in cpu[label].items() if k not in NOT_LIBRARY)
+        print(f"  {label}: {med([r['rate'] for r in plain]):.0f} updates/s, {cpu_plain:.2f} CPU ms "
+              f"per update without instruments ({med([r['cpu_ms'] for r in prof[label]['counters']]):.2f} "
+              f"with the counters, {med([r['rate'] for r in prof[label]['gil']]):.0f} updates/s under "
+              f"py-spy), {steps:.2f} env steps stored per update; floor {UPDATE_FREQUENCY} x "
+              f"{env_ms:.3f} + {floor['sample_ms']:.3f} = {floor_ms:.2f} CPU ms, CPU / floor "
+              f"{cpu_plain / floor_ms:.2f}; the library's own time (all but the env, the simulated "
+              f"predictor and the learner loop) per env step: CPU {library_cpu / steps:.3f} ms, "
+              f"GIL-held {library_gil / steps:.3f} ms (without the draw "
+              f"{(library_gil - gil[label].get('draw', 0.0)) / steps:.3f} ms)")
+    for label in labels:
+        runs = prof[label]['gil']
+        keys = {k for run in runs for k in run.get('functions', {})
+                if k.split(' | ')[0] not in NOT_LIBRARY}
+        top = sorted(((med([run.get('functions', {}).get(k, 0.0) for run in runs]), k)
+                      for k in keys), reverse=True)[:args.top]
+        print(f"  {label}: the library's {args.top} functions holding the GIL longest (ms per "
+              "update; stage | the innermost library function of the stack sampled):")
+        for ms, k in top:
+            print(f"    {ms:.3f}  {k}")
+    print(f"  floor: a gymnasium Pong step {floor['env_ms']:.3f} CPU ms ({floor['gil_free_share']:.0%} "
+          f"of it without the GIL: two envs in two threads against one), an AtariVectorEnv x 4 "
+          f"step {floor['vector_env_ms']:.3f} CPU ms per env (all its threads), sample_batch(64) "
+          f"{floor['sample_ms']:.3f} CPU ms")
+
+
 def _worker_args(args):
     """The options of this run, for a worker process."""
     out = ['--rounds', str(args.rounds), '--seconds', str(args.seconds), '--warmup',
@@ -387,6 +594,8 @@ def _worker_args(args):
         out += ['--compare'] + args.compare
     if args.ceiling:
         out.append('--ceiling')
+    if args.profile:
+        out.append('--profile')
     return out
 
 
@@ -413,12 +622,22 @@ def main():
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")
     ap.add_argument('--ceiling', action='store_true', help="also measure the machine's ceiling")
-    ap.add_argument('--case', choices=list(CASES), help=argparse.SUPPRESS)   # a worker's case
+    ap.add_argument('--profile', action='store_true', help="where the CPU and the GIL go, stage "
+                    "by stage, for single-env and vector players (instead of the cases)")
+    ap.add_argument('--top', type=int, default=15, help="with --profile: how many of the "
+                    "functions holding the GIL longest to list")
+    ap.add_argument('--case', choices=list(CASES) + ['profile'], help=argparse.SUPPRESS)   # a worker's case
     args = ap.parse_args()
     if args.rounds < 3:
         ap.error("--rounds must be >= 3 (medians of at least 3 rounds)")
+    if args.case == 'profile':
+        return run_profile(args)
     if args.case:
         return run_case(args)
+    if args.profile:
+        cmd = [sys.executable, os.path.abspath(__file__), '--case', 'profile'] + _worker_args(args)
+        out = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+        return report_profile(json.loads(out.stdout.strip().splitlines()[-1]), args)
     if not args.reference:
         print("no --reference given: the original's rows are skipped", file=sys.stderr)
     results = {}
