@@ -27,21 +27,47 @@ the frames), batch 64:
   ``update_priorities``; only when cpprb is installed (``pip install cpprb``; a benchmark-only
   dependency).
 
-The write path, same rounds: ``add_step``, one lane's ``LaneWriter.add_step(action, reward,
-frame)`` on a memory of ``--write-size`` steps, against ``original append``, tensorpack's
-``ReplayMemory.append(Experience(frame, action, reward, False))`` from the reference file given by
-``--reference`` (its rows are skipped with a message without it). Both are called from the same
-kind of Python loop, on memories written through once before the rounds (warm pages: a first
-write of a page costs a page fault, which neither memory controls).
+The write path, same rounds, on a stream as an env produces it: ``add_step stream``, one lane
+writing distinct frames (a pool of 1024 random 84x84 frames, cycled) in episodes of 200-400
+steps (an end every ~300; a fresh ``new_writer()`` per measure, ``start_episode`` after each
+end), against ``original append stream``, tensorpack's ``ReplayMemory.append(Experience(frame,
+action, reward, isOver))`` of the same frames (its runner's convention: the state before the
+action; an episode's final frame is not stored), from the reference file given by
+``--reference`` (its rows are skipped with a message without it); ``--write-steps`` steps per
+measure, the two in alternating order. ``add_step`` / ``original append``: the older case, ONE
+frame written over and over with no episode end (the frame stays in the L1 cache, no episode
+bookkeeping: a lower bound of a step's cost, not a stream). All on memories of
+``--write-size`` steps written through once before the rounds (warm pages: a first write of a
+page costs a page fault, which neither memory controls).
+
+``--peers``: instead of the above, other buffers beside ours, in rounds of their own
+(``peer_buffers.py``; a peer that is not installed is skipped with the reason):
+
+- Flashbax's README set-up: a 500k buffer (``--peer-size``) of 32x32x3 observations (uint8
+  here), batches of 256 transitions (an observation and the next one). Ours:
+  ``ReplayMemory(500000, (32, 32, 3), 1).sample(256)``; Flashbax's flat buffer (JAX on the
+  CPU, ``sample`` jitted); cpprb's ``ReplayBuffer(next_of='obs')``. The same frames, episodes
+  of 200-400 steps.
+- 84x84 frames with history 4, batch 64, a buffer of ``--frames-size`` steps (50k: Flashbax's
+  stacked states take 28 KB a step). Ours: ``sample(64)`` (state and next state, 8 frames a row)
+  and ``sample_batch(64)`` (5 frames a row). Flashbax keeps no history: its users store the
+  stacked ``(84, 84, 4)`` states an env wrapper returns in its flat buffer (frames stored 4
+  times; the pair it samples is the state and the next one: the same output as ``sample``), or
+  single frames in its trajectory buffer sampled as runs of 5 (frames stored once, the output
+  of ``sample_batch``, but runs cross episode ends, with no zeroed frames before an episode's
+  first: the masking is the user's, where ours does it).
 
 ``--also-size 200000``: a second (uniform) memory of that size, filled the same way, measured
 in the same rounds (``NHWC@<size>``, ``NCHW@<size>``, ``bound@<size>``, ratios to its own bound):
 the two sizes side by side on the same machine at the same time.
 
 Figures are medians over rounds; ratios are taken within each round (the machine is shared).
-Memory: ``--size`` steps take ``size * 7 KB`` (1M: ~7 GB), and cpprb as much again.
+Memory: ``--size`` steps take ``size * 7 KB`` (1M: ~7 GB), and cpprb as much again; the
+write-path rows four memories of ``--write-size`` steps (200k: 5.6 GB). ``--peers`` takes
+~6 GB (three 500k buffers of 3 KB a step, 50k stacked states of 28 KB).
 Usage: python benchmarks/bench_memory.py [--size 1000000] [--rounds 15] [--batches 200] [--no-cpprb]
        [--also-size 200000] [--reference path/to/tensorpack_expreplay.py] [--write-size 200000]
+       [--write-steps 30000] [--peers] [--peer-size 500000] [--frames-size 50000]
 """
 
 import argparse
@@ -53,6 +79,7 @@ import numpy as np
 from bench_population import load_reference   # the one loader of tensorpack's original
 from expreplay import ReplayMemory
 from expreplay.storage.sampling import Sampler
+from peer_buffers import cpprb_transitions, flashbax_flat, flashbax_sequences
 
 
 def fill(mem, steps, rng, num_writers=4, episodes=None):
@@ -114,9 +141,10 @@ def fill_cpprb(size, pool, episodes, history_len, prioritized=True):
 
 
 def make_writers(size, reference):
-    """(add_step, append): one step of a lane writer, and of the original's memory, each on a
-    memory of ``size`` steps written through once (warm pages). ``append`` is None without
-    the reference."""
+    """(add_step, append) of ONE frame written over and over, no episode ends: one step of
+    a lane writer, and of the original's memory, each on a memory of ``size`` steps written
+    through once (warm pages). ``append`` is None without the reference. The frame stays in
+    the L1 cache and no episode ends: a lower bound of the write path's cost, not a stream."""
     frame = np.random.default_rng(2).integers(0, 256, (84, 84), dtype=np.uint8)
     mem = ReplayMemory(size, (84, 84), 4)
     writer = mem.new_writer()
@@ -138,11 +166,152 @@ def make_writers(size, reference):
     return add_step, append
 
 
+def make_stream_writers(size, reference, steps, pool_size=1024, seed=3):
+    """(ours, original): each writes the same ``steps`` steps of a realistic stream into its
+    memory of ``size`` steps and returns how many it wrote; ``original`` is None without the
+    reference.
+
+    The stream: distinct frames (a pool of ``pool_size`` random 84x84 frames, 7 MB, cycled:
+    each step's frame is another than the last, as an env's are) in episodes of 200-400 steps
+    (an end every ~300). Ours: a fresh ``new_writer()`` per call, ``start_episode`` with each
+    episode's first frame, ``add_step(action, reward, next_frame, terminated)`` per step. The
+    original: ``append(Experience(frame, action, reward, isOver))`` per step, its
+    ``EnvRunner``'s convention (the state before the action; the final frame of an episode
+    is not stored). Both memories are written through once before (warm pages)."""
+    rng = np.random.default_rng(seed)
+    pool = rng.integers(0, 256, (pool_size, 84, 84), dtype=np.uint8)
+    last = np.cumsum(rng.integers(200, 401, steps // 200 + 1)) - 1    # each episode's last step
+    ends = np.zeros(steps, bool)
+    ends[last[last < steps]] = True
+    ends = ends.tolist()
+    # The frames of the stream in order: the first of an episode, then each step's next one.
+    frames = [pool[i % pool_size] for i in range(steps + sum(ends) + 1)]
+    mem = ReplayMemory(size, (84, 84), 4)
+
+    def ours():
+        it = iter(frames)
+        w = mem.new_writer()
+        add_step, start_episode = w.add_step, w.start_episode
+        start_episode(next(it))
+        for end in ends:
+            add_step(1, 1.0, next(it), end)
+            if end:
+                start_episode(next(it))
+        w.close()
+        return len(ends)
+
+    warm(ours, size, len(ends))
+    if reference is None:
+        return ours, None
+    original = reference.ReplayMemory(size, (84, 84), 4)
+    experience = reference.Experience
+
+    def theirs():
+        it = iter(frames)
+        append = original.append
+        for end in ends:
+            append(experience(next(it), 1, 1.0, end))
+            if end:
+                next(it)          # the final frame, which the original does not store
+        next(it)
+        return len(ends)
+
+    warm(theirs, size, len(ends))
+    return ours, theirs
+
+
+def warm(write, size, steps):
+    """Write through a memory once (its pages touched before the rounds)."""
+    for _ in range(size // steps + 1):
+        write()
+
+
+def rate_of(write):
+    """Steps per second of one call of ``write`` (which returns the steps it wrote)."""
+    t = time.perf_counter()
+    n = write()
+    return n / (time.perf_counter() - t)
+
+
 def rate(fn, n):
     t = time.perf_counter()
     for _ in range(n):
         fn()
     return n / (time.perf_counter() - t)
+
+
+PEER_RATIOS = [('ours 32x32x3 b256', 'flashbax flat 32x32x3 b256'),
+               ('ours 32x32x3 b256', 'cpprb 32x32x3 b256'),
+               ('ours sample(64)@frames', 'flashbax flat stacked@frames'),
+               ('ours sample_batch(64)@frames', 'flashbax runs of 5@frames')]
+
+
+def make_peers(args, rng):
+    """``{row: draw one batch}`` of the peers' cases (see the module docstring); a peer that is
+    not installed is skipped with the reason printed."""
+    peers = {}
+    calls = args.batches * args.rounds + 1
+
+    def peer(row, build):
+        try:
+            peers[row] = build()
+        except ImportError as err:
+            print(f"{row}: skipped, {err.name} is not installed (pip install {err.name})")
+
+    # Flashbax's README set-up: a 500k buffer of 32x32x3 observations, batches of 256
+    # transitions (an observation and the next one). uint8 frames (a pool of 4096, cycled),
+    # episodes of 200-400 steps; each buffer built from the pool, no full copy made here.
+    n = args.peer_size
+    pool = rng.integers(0, 256, (4096, 32, 32, 3), dtype=np.uint8)
+    last = np.cumsum(rng.integers(200, 401, n // 200 + 1)) - 1
+    last = last[last < n]
+    mem = ReplayMemory(n, (32, 32, 3), 1)
+    w = mem.new_writer()
+    w.start_episode(pool[0])
+    is_last = np.zeros(n, bool)
+    is_last[last] = True
+    for t in range(n):
+        w.add_step(0, 0.0, pool[(t + 1) % len(pool)], bool(is_last[t]))
+        if is_last[t]:
+            w.start_episode(pool[(t + 1) % len(pool)])
+    w.close()
+    peers['ours 32x32x3 b256'] = lambda: mem.sample(256, rng=rng)
+    peer('flashbax flat 32x32x3 b256', lambda: flashbax_flat(pool, n, 256, calls))
+    peer('cpprb 32x32x3 b256', lambda: cpprb_transitions(pool, n, 256, last + 1))
+    # 84x84 frames, history 4, batch 64, a buffer of --frames-size steps. Ours: sample(64)
+    # (state and next state, 4 frames each) and sample_batch(64) (5 frames a row). Flashbax:
+    # its flat buffer of stacked (84, 84, 4) states (frames stored 4 times; the state and the
+    # next one are the pair it samples), and its trajectory buffer of single frames sampled as
+    # runs of 5 (frames stored once, like ours; runs cross episode ends, which ours never do).
+    f = args.frames_size
+    small = ReplayMemory(f, (84, 84), 4)
+    fill(small, f, np.random.default_rng(4))
+    peers['ours sample(64)@frames'] = lambda: small.sample(64, rng=rng)
+    peers['ours sample_batch(64)@frames'] = lambda: small.sample_batch(64, rng=rng)
+    frames = rng.integers(0, 256, (1024, 84, 84), dtype=np.uint8)[np.arange(f + 3) % 1024]
+    peer('flashbax flat stacked@frames', lambda: flashbax_flat(frames, f, 64, calls, stack=4))
+    peer('flashbax runs of 5@frames', lambda: flashbax_sequences(frames[:f], 5, 64, calls))
+    return peers
+
+
+def run_peers(args):
+    """The peers' rows alone (``--peers``), in rounds of their own."""
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    peers = make_peers(args, rng)
+    print(f"peers: built in {time.perf_counter() - t:.1f}s")
+    results = {k: [] for k in peers}
+    for i in range(args.rounds):
+        for k, draw in (list(peers.items()) if i % 2 == 0 else list(peers.items())[::-1]):
+            results[k].append(rate(draw, args.batches))
+    r = {k: np.array(v) for k, v in results.items()}
+    print(f"{'what':<32}{'batches/s (median)':>20}{'ms a batch':>12}")
+    for k in peers:
+        print(f"{k:<32}{np.median(r[k]):>20.0f}{1e3 / np.median(r[k]):>12.3f}")
+    print("\nratios (median of within-round ratios of batches/s):")
+    for a, b in PEER_RATIOS:
+        if a in r and b in r:
+            print(f"  {a} / {b}: {np.median(r[a] / r[b]):.2f}")
 
 
 def main():
@@ -157,7 +326,19 @@ def main():
                     help="tensorpack's original expreplay.py, for the write path's comparison")
     ap.add_argument('--write-size', type=int, default=200_000,
                     help='memory size (steps) of the write-path rows')
+    ap.add_argument('--write-steps', type=int, default=30_000,
+                    help='steps of the stream written per write-path measure')
+    ap.add_argument('--peers', action='store_true',
+                    help="instead, the peers' cases: Flashbax's README set-up and 84x84 frames "
+                    "with history 4 against Flashbax's buffers (and cpprb)")
+    ap.add_argument('--peer-size', type=int, default=500_000,
+                    help="buffer size (steps) of Flashbax's README case (32x32x3, batch 256)")
+    ap.add_argument('--frames-size', type=int, default=50_000,
+                    help="buffer size (steps) of the 84x84 history-4 peers' case (Flashbax "
+                    "stores stacked states there: 28 KB a step)")
     args = ap.parse_args()
+    if args.peers:
+        return run_peers(args)
 
     rng = np.random.default_rng(0)
     pmem = ReplayMemory(args.size, (84, 84), 4, prioritized=True)
@@ -188,6 +369,7 @@ def main():
     else:
         print("no --reference given: the original's append rows are skipped")
     add_step, append = make_writers(args.write_size, reference)
+    stream_ours, stream_theirs = make_stream_writers(args.write_size, reference, args.write_steps)
     r = mem.ring
     arrays = [r.frames, r.action, r.reward, r.epstep, r.flags, r.block_fill, r.block_prev,
               r.block_next, r.block_prev_intact, r.block_state, r.block_gen]
@@ -237,11 +419,11 @@ def main():
     reused_batch = mem.sample_batch(64, rng=rng)
 
     kinds = ['NHWC', 'NHWC out', 'NCHW', 'bound', 'loop', 'uniform n1', 'uniform n1 out',
-             'uniform n3', 'per n1', 'per n3', 'update', 'add_step']
+             'uniform n3', 'per n1', 'per n3', 'update', 'add_step', 'add_step stream']
     if rb is not None:
         kinds += ['cpprb uniform', 'cpprb per', 'cpprb update']
     if append is not None:
-        kinds += ['original append']
+        kinds += ['original append', 'original append stream']
     if small is not None:
         tag = f"@{args.also_size // 1000}k"
         kinds += ['NHWC' + tag, 'NCHW' + tag, 'bound' + tag]
@@ -271,6 +453,12 @@ def main():
         results['add_step'].append(rate(add_step, 100 * args.batches))
         if append is not None:
             results['original append'].append(rate(append, 100 * args.batches))
+        # the stream's two writers in alternating order (the first may find caches the
+        # other's run left cold)
+        pair = [('add_step stream', stream_ours), ('original append stream', stream_theirs)]
+        for k, write in (pair if len(results['add_step stream']) % 2 == 0 else pair[::-1]):
+            if write is not None:
+                results[k].append(rate_of(write))
         if rb is not None:
             results['cpprb uniform'].append(rate(lambda: urb.sample(64), args.batches))
             results['cpprb per'].append(rate(lambda: rb.sample(64, beta=0.4), args.batches))
@@ -278,11 +466,12 @@ def main():
                 lambda: rb.update_priorities(rb_sampled['indexes'], new_priorities),
                 5 * args.batches))
     r = {k: np.array(v) for k, v in results.items()}
-    print(f"{'what':<16}{'calls/s (median)':>18}{'ratio to bound (median)':>26}")
+    print(f"{'what':<32}{'calls/s (median)':>18}{'ratio to bound (median)':>26}")
     for k in kinds:
         ref = r['bound' + tag] if small is not None and k.endswith(tag) else r['bound']
-        bounded = k not in ('add_step', 'original append', 'update', 'cpprb update')
-        print(f"{k:<16}{np.median(r[k]):>18.0f}"
+        bounded = (k not in ('add_step', 'original append', 'update', 'cpprb update')
+                   and 'stream' not in k)
+        print(f"{k:<32}{np.median(r[k]):>18.0f}"
               + (f"{np.median(r[k] / ref):>26.3f}" if bounded else f"{'-':>26}"))
 
     def ratio(a, b):   # median over rounds of the within-round ratio of rates
@@ -302,7 +491,12 @@ def main():
         print(f"  PER sample / cpprb PER sample:               {ratio('per n1', 'cpprb per'):.2f}")
         print(f"  update_priorities / cpprb's:                 {ratio('update', 'cpprb update'):.2f}")
     if append is not None:
-        print(f"  add_step / the original's append:            {ratio('add_step', 'original append'):.2f}")
+        print(f"  add_step / the original's append, one frame repeated, no episode ends: "
+              f"{ratio('add_step', 'original append'):.2f}")
+        print(f"  add_step / the original's append, a stream (distinct frames, an episode end "
+              f"every ~300 steps): {ratio('add_step stream', 'original append stream'):.2f}")
+    else:
+        print("  (no --reference: the original's append rows were skipped)")
 
 
 if __name__ == '__main__':
