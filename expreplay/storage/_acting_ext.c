@@ -357,8 +357,9 @@ PyDoc_STRVAR(store_step_doc,
 "step(action, reward, frame, terminated, truncated) -> the slot the step was taken from, or -1\n\n"
 "LaneWriter.add_step's common case for lane 0: an int action within int32, a float reward (or\n"
 "an int float32 holds exactly) within float32's range, a frame of exactly the memory's shape and\n"
-"dtype, C-contiguous, neither end flag set, room in the block, and the step from the current\n"
-"slot sampleable (I3: its history inside its block, or the lane's previous block intact).\n"
+"dtype, C-contiguous, the end flags Python bools, room in the block, and the step from the\n"
+"current slot sampleable (I3: its history inside its block, or the lane's previous block\n"
+"intact). A step that ends the episode closes the lane (current slot -1), as add_steps does.\n"
 "-1 (nothing changed) for anything else: the caller's checks and numpy path run.");
 
 static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t nargs)
@@ -367,9 +368,11 @@ static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "step takes 5 arguments");
         return NULL;
     }
-    PyObject *ao = args[0], *ro = args[1];
-    if (args[3] != Py_False || args[4] != Py_False || !PyLong_CheckExact(ao))
+    PyObject *ao = args[0], *ro = args[1], *to = args[3], *tr = args[4];
+    if ((to != Py_False && to != Py_True) || (tr != Py_False && tr != Py_True)
+        || !PyLong_CheckExact(ao))
         return PyLong_FromLong(-1);
+    const uint8_t ends = (uint8_t)((to == Py_True ? 2 : 0) | (tr == Py_True ? 4 : 0));
     int overflow;
     long long action = PyLong_AsLongLongAndOverflow(ao, &overflow);
     if (overflow || action < INT32_MIN || action > INT32_MAX)
@@ -416,14 +419,49 @@ static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t n
     ((int64_t *)st->b[S_FILL].buf)[block[0]] += 1;
     ((int32_t *)st->b[S_ACTION].buf)[from] = (int32_t)action;
     ((float *)st->b[S_REWARD].buf)[from] = (float)reward;
-    flags[from] = HAS_ACTION_VALID;
+    flags[from] = HAS_ACTION_VALID | ends;   /* TERMINATED 2, TRUNCATED 4: ring.py's _slots */
     next[0] = slot + 1;
-    cur[0] = slot;
+    cur[0] = ends ? -1 : slot;               /* an ended episode: the lane is closed */
     ep[0] += 1;
     off[0] = slot - block[0] * bs;
     ((int64_t *)st->b[S_CURGEN].buf)[0] = ((const int64_t *)st->b[S_GEN].buf)[block[0]];
     *safe -= 1;
     return PyLong_FromLongLong(from);
+}
+
+PyDoc_STRVAR(store_start_doc,
+"start(frame) -> the slot of the episode's first frame, or -1\n\n"
+"LaneWriter.start_episode's common case for lane 0: a frame of exactly the memory's shape and\n"
+"dtype, C-contiguous, and room in the active block. -1 (nothing changed) otherwise.");
+
+static PyObject *Store_start(StoreObject *st, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 1) {
+        PyErr_SetString(PyExc_TypeError, "start takes 1 argument");
+        return NULL;
+    }
+    int64_t *next = st->b[S_NEXT].buf, *cur = st->b[S_CUR].buf, *ep = st->b[S_EP].buf;
+    int64_t *off = st->b[S_OFF].buf, *safe = st->b[S_SAFE].buf;
+    const int64_t *block = st->b[S_BLOCK].buf;
+    int64_t slot = next[0], bs = st->bs;
+    if (*safe <= 0 || block[0] < 0 || block[0] >= st->nblocks || slot < block[0] * bs
+        || slot >= (block[0] + 1) * bs)
+        return PyLong_FromLong(-1);
+    Py_buffer view;
+    if (!exact_frame(st, args[0], &view))
+        return PyLong_FromLong(-1);
+    memcpy((uint8_t *)st->b[S_FRAMES].buf + slot * st->fb, view.buf, st->fb);
+    PyBuffer_Release(&view);
+    ((int32_t *)st->b[S_EPSTEP].buf)[slot] = 0;
+    ((uint8_t *)st->b[S_FLAGS].buf)[slot] = 0;
+    ((int64_t *)st->b[S_FILL].buf)[block[0]] += 1;
+    next[0] = slot + 1;
+    cur[0] = slot;
+    ep[0] = 0;
+    off[0] = slot - block[0] * bs;
+    ((int64_t *)st->b[S_CURGEN].buf)[0] = ((const int64_t *)st->b[S_GEN].buf)[block[0]];
+    *safe -= 1;
+    return PyLong_FromLongLong(slot);
 }
 
 PyDoc_STRVAR(store_steps_doc,
@@ -517,6 +555,7 @@ decline:
 
 static PyMethodDef store_methods[] = {
     {"step", (PyCFunction)(void (*)(void))Store_step, METH_FASTCALL, store_step_doc},
+    {"start", (PyCFunction)(void (*)(void))Store_start, METH_FASTCALL, store_start_doc},
     {"steps", (PyCFunction)(void (*)(void))Store_steps, METH_FASTCALL, store_steps_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -1,4 +1,4 @@
-# Type stub of the optional C kernel built from _acting_ext.c (see writers.py and acting/).
+# Type stub of the optional C kernel built from _acting_ext.c (see ring.py and acting/).
 from typing import Any
 
 import numpy as np
@@ -9,6 +9,7 @@ class Store:
                  block_size: int) -> None: ...
     def step(self, action: Any, reward: Any, frame: Any, terminated: Any,
              truncated: Any) -> int: ...
+    def start(self, frame: Any) -> int: ...
     def steps(self, lanes: np.ndarray, actions: Any, frames: Any, rewards: Any,
               terminated: Any, truncated: Any, lives: Any) -> int: ...
 

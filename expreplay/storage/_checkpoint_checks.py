@@ -5,19 +5,42 @@ crafted file can not make the memory sample frames that do not form the transiti
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
 from . import _slots as _mem   # the slot flags and block states
 
-if TYPE_CHECKING:
-    from .ring import BlockRing
-
 __all__ = ['validate']
 
 Fail = Callable[[str], NoReturn]
+
+
+class BlockRing(Protocol):
+    """What the checks read of a :class:`expreplay.storage.ring.BlockRing` (which calls them
+    from its ``load_state``: a protocol, so that this module needs no import of the ring)."""
+    num_blocks: int
+    block_size: int
+    history_len: int
+    num_slots: int
+    num_valid: int
+    block_fill: np.ndarray
+    block_prev: np.ndarray
+    block_next: np.ndarray
+    block_state: np.ndarray
+    block_prev_intact: np.ndarray
+    block_gen: np.ndarray
+    free: collections.deque[int]
+    retired: collections.deque[int]
+    flags: np.ndarray
+    epstep: np.ndarray
+    reward: np.ndarray
+    extras: dict[str, np.ndarray]
+    priorities: Any
+
+    def history_index(self, slots: np.ndarray) -> np.ndarray: ...
 
 
 def validate(ring: BlockRing, fail: Fail, chunk: int = 1 << 18) -> None:

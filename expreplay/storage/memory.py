@@ -9,13 +9,15 @@
 * :mod:`expreplay.storage.sampling`: the draws (uniform, prioritized), the n-step window and the
   batches (:class:`SampleBatch`);
 * :mod:`expreplay.storage.priority`: the sum tree of a prioritized memory;
-* :mod:`expreplay.storage.checkpoint`: the checkpoint format, ``save`` and ``load``.
+* :mod:`expreplay.storage.checkpoint`: the checkpoint file format over the ring's exported
+  state (:meth:`~expreplay.storage.ring.BlockRing.state` / ``load_state``).
 
 The public names of the writers and the input rules are re-exported here.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -33,7 +35,7 @@ from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_acti
                       check_reward, check_rewards)
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
-from .stored_episodes import StoredEpisodes
+from .stored_episodes import StoredEpisodes, episode_starts, read_episode
 from .writers import BatchWriter, LaneWriter, TensorpackAppender
 
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
@@ -108,7 +110,7 @@ class ReplayMemory:
         self.state_shape: tuple[int, ...] = check_shape(state_shape, 'state_shape')
         self.dtype: np.dtype = check_dtype(dtype, 'dtype')
         self.block_size = _block_size(self.max_size, self.history_len, block_size)
-        self.num_blocks = max(2, -(-self.max_size // self.block_size))
+        self.num_blocks = _num_blocks(self.max_size, self.block_size)
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots          # the index of the all-zeros slot (I7)
         _check_allocatable(self, extra, prioritized)
@@ -302,8 +304,8 @@ class ReplayMemory:
         ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
         with self.ring.lock:
-            starts = self.ring.episode_starts()
-        return StoredEpisodes(starts, self.ring.read_episode)
+            starts = episode_starts(self.ring)
+        return StoredEpisodes(starts, functools.partial(read_episode, self.ring))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike[str]) -> int:
@@ -320,7 +322,9 @@ class ReplayMemory:
         lanes. Each save is logged (logger ``expreplay.storage.memory``, INFO): where, how big, how
         long. See :mod:`expreplay.storage.checkpoint` for the format.
         """
-        return _checkpoint.save(self, os.fspath(path))
+        with self.ring.lock:
+            counters, tables = self.ring.state()
+            return _checkpoint.write(os.fspath(path), dict(_settings(self), **counters), tables)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, max_size: int | float | None = None,
@@ -349,7 +353,46 @@ class ReplayMemory:
             max_size=max_size, state_shape=state_shape, history_len=history_len, dtype=dtype,
             block_size=block_size, prioritized=prioritized, alpha=alpha,
             priority_eps=priority_eps, extra_fields=extra_fields)
-        return _checkpoint.load(cls, os.fspath(path), expected)
+        return _load(cls, os.fspath(path), expected)
+
+
+def _settings(mem: ReplayMemory) -> dict[str, Any]:
+    """The constructor's arguments, as a checkpoint's ``meta`` holds them."""
+    settings = dict(max_size=mem.max_size, state_shape=list(mem.state_shape),
+                    history_len=mem.history_len, dtype=mem.dtype.str, block_size=mem.block_size,
+                    prioritized=mem.prioritized,
+                    extra_fields=[[name, d.str] for name, d in mem.extra_fields.items()])
+    return dict(settings, **(mem.priority_settings or {}))
+
+
+def _load(cls: type[ReplayMemory], path: str, expected: Mapping[str, Any]) -> ReplayMemory:
+    """:meth:`ReplayMemory.load`: the memory built on the file's settings, its ring filled
+    from the file (and checked) by the ring itself."""
+    with _checkpoint.open_checkpoint(path) as source:
+        source.check_settings(expected)
+        config = source.settings
+        # The block tables bound everything else: check their size before building the memory
+        # (whose frames a crafted configuration could make huge).
+        max_size, bs = config['max_size'], config['block_size']
+        try:
+            _block_size(max_size, config['history_len'], bs)
+        except ValueError as err:
+            source.fail(f"bad metadata: {err}")
+        source.open('block_fill', np.int64, (_num_blocks(max_size, bs),)).close()
+        mem = source.build(lambda: cls(max_size, config['state_shape'], config['history_len'],
+                                       config['dtype'], block_size=bs,
+                                       **{k: config[k] for k in _OPTIONAL_SETTINGS if k in config}))
+        source.check_tables(mem.ring.table_names())
+        mem.ring.load_state(source.counters, source)
+    return mem
+
+
+_OPTIONAL_SETTINGS = ('prioritized', 'alpha', 'priority_eps', 'extra_fields')
+
+
+def _num_blocks(max_size: int, block_size: int) -> int:
+    """The ring's blocks for ``max_size`` steps (at least two)."""
+    return max(2, -(-max_size // block_size))
 
 
 def _priority_args(alpha: Any, priority_eps: Any) -> tuple[float, float]:

@@ -321,6 +321,26 @@ class PriorityIndex:
             self.tree.set(slots, values)
         return stale
 
+    # -- exported state (a checkpoint's; the leaves are the ring's ``priority`` table)
+    @property
+    def leaves(self) -> np.ndarray:
+        """The tree's leaves, one per slot: what a checkpoint stores and, for a new index,
+        reads into (then :meth:`load_state` and :meth:`rebuild`)."""
+        return self.tree.leaves
+
+    def state(self) -> dict[str, float | int]:
+        """The counters a checkpoint stores beside the leaves (after a :meth:`flush`)."""
+        return dict(max_priority=self.max_priority, stale_priority_updates=self.stale_updates)
+
+    def load_state(self, max_priority: float, stale_updates: int) -> None:
+        """The counters of an exported :meth:`state` (its leaves were read into :attr:`leaves`)."""
+        self.max_priority = float(max_priority)
+        self.stale_updates = int(stale_updates)
+
+    def rebuild(self) -> None:
+        """Recompute the tree's inner nodes from its leaves (after a checkpoint's were read)."""
+        self.tree.rebuild()
+
     @property
     def pending(self) -> np.ndarray:
         """The slots published since the last :meth:`flush`, not in the tree yet (in the order

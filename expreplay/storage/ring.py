@@ -47,9 +47,20 @@ VALID, :meth:`BlockRing.claim_block`'s eviction removes the slots it invalidates
 token is ``block_gen * num_slots + slot`` (:meth:`BlockRing.tokens`): a slot rewritten since it
 was sampled has a newer generation.
 
-The tables are public attributes: the writers (:mod:`~expreplay.storage.writers`), the sampler
-(:mod:`~expreplay.storage.sampling`), the C kernels and the checkpoint code read and write them
-by the rules above; the block life cycle (claim, retire, evict) is only this class's.
+Every write of the tables is this class's: a writer (:mod:`~expreplay.storage.writers`)
+keeps only its lanes' cursors and hands its frames and steps to :meth:`BlockRing.start`,
+:meth:`BlockRing.append` and the kernel calls below; it takes blocks with
+:meth:`BlockRing.reserve` and gives them back with :meth:`BlockRing.retire` (eviction happens
+inside :meth:`~BlockRing.reserve`); a checkpoint reads :meth:`BlockRing.state` and fills a new
+ring through :meth:`BlockRing.load_state`, which checks the invariants before the ring is used.
+The sampler (:mod:`~expreplay.storage.sampling`) only reads. The tables stay public attributes
+for reading (``tests/test_layout.py`` fails on an assignment to one outside this module).
+
+The optional C kernel ``_acting_ext`` is this class's delegated implementation of the common
+write: a ``Store`` bound by :meth:`BlockRing.bind_kernel` to the tables and one writer's
+cursors, called only from :meth:`BlockRing.kernel_step`, :meth:`BlockRing.kernel_start` and
+:meth:`BlockRing.kernel_steps` under the lock; it writes exactly what :meth:`append` /
+:meth:`start` would and declines (changing nothing) whatever it does not handle.
 """
 
 from __future__ import annotations
@@ -61,14 +72,76 @@ from typing import Any
 
 import numpy as np
 
-from ._slots import _ACTIVE, _FREE, _HAS_ACTION, _RETIRED, _TERMINATED, _TRUNCATED, _VALID
+from ._checkpoint_checks import validate
+from ._slots import _ACTIVE, _FREE, _RETIRED, _VALID
 from .priority import PriorityIndex
-from .stored_episodes import StoredEpisodes
 
-__all__ = ['BlockRing']
+try:  # optional, built by setup.py when a C compiler is available; looked up at call time
+    from . import _acting_ext
+except ImportError:
+    _acting_ext = None  # type: ignore[assignment]
+
+__all__ = ['BlockRing', 'TABLES', 'EXTRA_PREFIX']
+
+# The tables :meth:`BlockRing.state` exports, name (the ring's attribute) -> kind: ``block``
+# tables have a row per block, ``queue`` ones are the free list and the eviction FIFO (block
+# numbers), ``slot`` ones a row per slot. The extra fields follow as ``extra.<field>`` slot
+# tables, and a prioritized ring's priority leaves as the ``priority`` slot table.
+TABLES = {
+    'block_fill': 'block', 'block_prev': 'block', 'block_next': 'block',
+    'block_prev_intact': 'block', 'block_state': 'block', 'block_gen': 'block',
+    'free': 'queue', 'retired': 'queue',
+    'frames': 'slot', 'action': 'slot', 'reward': 'slot', 'epstep': 'slot', 'flags': 'slot',
+}
+EXTRA_PREFIX = 'extra.'
 
 
-class BlockRing:
+class _LaneGeometry:
+    """Where a lane's frames lie (I4, I7): the read-only index arithmetic over a ring's block
+    links, shared by the sampler, the checks and the tests."""
+
+    block_size: int
+    num_slots: int
+    history_len: int
+    zero_slot: int
+    block_gen: np.ndarray
+    block_next: np.ndarray
+    block_prev: np.ndarray
+    epstep: np.ndarray
+
+    def tokens(self, slots: np.ndarray) -> np.ndarray:
+        """The sample tokens (``SampleBatch.indices``) of ``slots``: generation and slot."""
+        return self.block_gen[slots // self.block_size] * self.num_slots + slots
+
+    def next_slots(self, slots: np.ndarray) -> np.ndarray:
+        """The slot of the lane's next frame after each of ``slots`` (I4)."""
+        bs = self.block_size
+        block, offset = np.divmod(slots, bs)
+        return np.where(offset + 1 < bs, slots + 1, self.block_next[block] * bs)
+
+    def frame_index(self, slots: np.ndarray) -> np.ndarray:
+        """Slot index of every frame of each transition: (B, history_len + 1), oldest first:
+        the state's (:meth:`history_index`), then the next frame (the lane's next slot)."""
+        return np.concatenate([self.history_index(slots), self.next_slots(slots)[:, None]],
+                              axis=1)
+
+    def history_index(self, slots: np.ndarray) -> np.ndarray:
+        """Slot index of the ``history_len`` frames of the state at each slot, oldest first.
+
+        Frame ``k`` steps back lies in the same block when the offset allows, else in the
+        previous block of the lane (I4); before the episode's first frame it is the zero
+        slot (I7).
+        """
+        bs = self.block_size
+        block, offset = np.divmod(slots, bs)
+        back = np.arange(self.history_len - 1, -1, -1)            # k, oldest first
+        pos = offset[:, None] - back                                # offset of frame k back
+        prev_base = self.block_prev[block][:, None] * bs + bs
+        hist = np.where(pos >= 0, block[:, None] * bs + pos, prev_base + pos)
+        return np.where(back <= self.epstep[slots][:, None], hist, self.zero_slot)
+
+
+class BlockRing(_LaneGeometry):
     """The slot and block tables of a replay memory and the block life cycle (module docstring).
 
     Args:
@@ -112,55 +185,178 @@ class BlockRing:
                            PriorityIndex(self.num_slots, *priorities, self.flags, _VALID))
         self.lock = threading.Lock()
 
-    # ------------------------------------------------------------------ publishing (writers)
-    def publish(self, slots: np.ndarray | int | None, valid: int, written: int) -> None:
-        """``valid`` steps, taken from ``slots``, became VALID (and enter the priority tree),
-        among ``written`` steps added (``slots`` may be None for a uniform ring). Caller holds
-        the lock and has set their flags."""
-        self.num_valid += valid
-        self.num_steps_written += written
-        if self.priorities is not None and slots is not None:
-            self.priorities.on_publish(slots)
+    # ------------------------------------------------------------------ writing (writers)
+    def reserve(self, prev_block: int) -> int:
+        """A new active block for a writer's lane, linked after ``prev_block`` (-1: a new
+        lane), which retires. Evicts the oldest retired block when no block is free (I6).
+        Takes the lock. Raises RuntimeError when every block is held by a writer."""
+        with self.lock:
+            while self.abandoned:
+                self._retire_active(self.abandoned.popleft())
+            if self.free:
+                block = self.free.popleft()
+            elif self.retired:
+                block = self.retired.popleft()
+                self._evict(block)
+            else:
+                raise RuntimeError(
+                    f"all {self.num_blocks} blocks of the replay memory are held by writers: too "
+                    f"many writers for {self.num_slots} slots with block_size={self.block_size}; "
+                    "use a smaller block_size or fewer writers")
+            # Retire the writer's full block only now, so that it can not be handed straight back.
+            if prev_block >= 0:
+                self._retire(prev_block)
+                self.block_next[prev_block] = block
+            self.block_state[block] = _ACTIVE
+            self.block_gen[block] += 1
+            self.block_fill[block] = 0
+            self.block_prev[block] = prev_block
+            self.block_next[block] = -1
+            self.block_prev_intact[block] = prev_block >= 0
+            return block
+
+    def retire(self, blocks: np.ndarray) -> None:
+        """A writer is done with its ``blocks`` (-1: none): those still active retire (their
+        data stays sampleable until evicted). Takes the lock."""
+        with self.lock:
+            self._retire_active(blocks)
 
     def abandon(self, blocks: np.ndarray) -> None:
         """Queue a dropped writer's blocks (-1: none) to be retired at the next claim. Takes
         no lock: a garbage collector's finalizer calls it, in any thread, inside any code."""
         self.abandoned.append(blocks)
 
-    # ------------------------------------------------------------------ block life cycle
-    def claim_block(self, prev_block: int) -> int:
-        """A new active block linked after ``prev_block`` (-1: a new lane), which retires.
+    def start(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray) -> None:
+        """Episodes' first frames written at ``slots``, the next slots of the writers' active
+        ``blocks`` (I1, I2). Takes the lock to publish them."""
+        self.frames[slots] = frames    # outside the lock: the slots are the writer's, unpublished
+        with self.lock:
+            self.epstep[slots] = 0
+            self.flags[slots] = 0
+            self.block_fill[blocks] += 1
 
-        Evicts the oldest retired block when no block is free. Caller holds the lock.
+    def append(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray,
+               epsteps: np.ndarray, taken: np.ndarray, gens: np.ndarray | None,
+               actions: np.ndarray, rewards: np.ndarray, flags: np.ndarray | np.uint8,
+               extras: Mapping[str, np.ndarray] | None) -> None:
+        """Steps taken from the slots ``taken``: their next frames written at ``slots`` (the
+        next slots of the active ``blocks``, episode steps ``epsteps``), and the steps'
+        actions, rewards, extras and ``flags`` (TERMINATED / TRUNCATED | HAS_ACTION | VALID).
+
+        ``gens``: None when every ``taken`` slot lies at offset >= ``history_len - 1`` of its
+        writer's active block (VALID at once, I3); else the block generations the writer saw
+        when it wrote them, and a step is kept only where its slot was not evicted since, and
+        VALID only where its history is intact (I5). Takes the lock to publish.
         """
-        while self.abandoned:
-            self.retire_active(self.abandoned.popleft())
-        if self.free:
-            block = self.free.popleft()
-        elif self.retired:
-            block = self.retired.popleft()
-            self._evict(block)
-        else:
-            raise RuntimeError(
-                f"all {self.num_blocks} blocks of the replay memory are held by writers: too many "
-                f"writers for {self.num_slots} slots with block_size={self.block_size}; "
-                "use a smaller block_size or fewer writers")
-        # Retire the writer's full block only now, so that it can not be handed straight back.
-        if prev_block >= 0:
-            self._retire(prev_block)
-        self.block_state[block] = _ACTIVE
-        self.block_gen[block] += 1
-        self.block_fill[block] = 0
-        self.block_prev[block] = prev_block
-        self.block_next[block] = -1
-        self.block_prev_intact[block] = prev_block >= 0
-        if prev_block >= 0:
-            self.block_next[prev_block] = block
-        return block
+        self.frames[slots] = frames   # outside the lock (I1, I2)
+        with self.lock:
+            self.epstep[slots] = epsteps
+            self.flags[slots] = 0
+            self.block_fill[blocks] += 1
+            if gens is not None:
+                self._append_carefully(taken, gens, actions, rewards, flags, extras)
+                return
+            self.action[taken] = actions
+            self.reward[taken] = rewards
+            if extras:
+                for name, values in extras.items():
+                    self.extras[name][taken] = values
+            self.flags[taken] = flags
+            self._published(taken, len(taken), len(taken))
 
-    def retire_active(self, blocks: np.ndarray) -> None:
-        """Retire those of ``blocks`` (a writer's, -1: none) that are still active. Caller
-        holds the lock."""
+    def _append_carefully(self, slots, gens, actions, rewards, flags, extras):
+        """:meth:`append`'s steps where some lie in a previous block or at the start of one."""
+        written = len(slots)
+        flags = np.broadcast_to(flags, slots.shape)
+        block, offset = np.divmod(slots, self.block_size)
+        # A slot whose block was evicted since (it was the last of the lane's previous block,
+        # and the oldest) is as gone as any evicted step.
+        alive = (self.block_gen[block] == gens) & (self.block_state[block] != _FREE)
+        if not alive.all():
+            slots, block, offset = slots[alive], block[alive], offset[alive]
+            actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
+            if extras:
+                extras = {name: values[alive] for name, values in extras.items()}
+        self.action[slots] = actions
+        self.reward[slots] = rewards
+        if extras:
+            for name, values in extras.items():
+                self.extras[name][slots] = values
+        needs_prev = np.minimum(self.epstep[slots], self.history_len - 1) > offset
+        valid = ~needs_prev | self.block_prev_intact[block]
+        self.flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
+        self._published(slots[valid], int(np.count_nonzero(valid)), written)
+
+    def _published(self, slots: np.ndarray | int | None, valid: int, written: int) -> None:
+        """``valid`` steps, taken from ``slots``, became VALID (and enter the priority tree),
+        among ``written`` steps added (``slots`` may be None for a uniform ring). Under the
+        lock, their flags set."""
+        self.num_valid += valid
+        self.num_steps_written += written
+        if self.priorities is not None and slots is not None:
+            self.priorities.on_publish(slots)
+
+    # ------------------------------------------------------------------ the C kernel (delegated)
+    def bind_kernel(self, cursors: tuple[np.ndarray, ...], history: tuple | None = None) -> Any:
+        """The C kernel's ``Store`` bound to these tables and a writer's ``cursors`` (next,
+        current slot, its episode step, its offset, block, safe count, its generation: see
+        :class:`~expreplay.storage.writers.BatchWriter`) and optionally an acting group's
+        per-lane ``history`` tables; None when the kernel is not built or switched off."""
+        if _acting_ext is None:
+            return None
+        fmt = self.frames[:0].data.format if self.dtype.kind in 'iub' else ''
+        return _acting_ext.Store(
+            (self.frames, self.epstep, self.flags, self.action, self.reward, self.block_fill,
+             self.block_gen, self.block_state, self.block_prev_intact),
+            cursors, history, fmt, self.state_shape, self.history_len, self.block_size)
+
+    def kernel_step(self, store: Any, action: Any, reward: Any, frame: Any, terminated: Any,
+                    truncated: Any) -> bool:
+        """One lane's step (``LaneWriter.add_step``'s arguments) by the bound ``store``, as
+        :meth:`append` would store it; False, nothing changed, when the kernel declines."""
+        if _acting_ext is None:
+            return False
+        with self.lock:
+            cur = store.step(action, reward, frame, terminated, truncated)
+            if cur < 0:
+                return False
+            self._published(cur, 1, 1)
+        return True
+
+    def kernel_start(self, store: Any, frame: Any) -> bool:
+        """One lane's first frame of an episode by the bound ``store``, as :meth:`start`
+        would store it; False, nothing changed, when the kernel declines."""
+        if _acting_ext is None:
+            return False
+        with self.lock:
+            return store.start(frame) >= 0
+
+    def kernel_steps(self, store: Any, lanes: np.ndarray, actions: np.ndarray,
+                     frames: np.ndarray, rewards: np.ndarray, terminated: np.ndarray,
+                     truncated: np.ndarray, lives: np.ndarray, taken: np.ndarray | None,
+                     extras: Mapping[str, np.ndarray] | None) -> bool:
+        """An acting step of many lanes by ``store`` (bound with a history): the steps as
+        :meth:`append` would store them (none ending an episode) and the history's companions
+        updated; ``taken``: the lanes' current slots when the ring needs them (extras, a
+        priority tree), which get ``extras`` here under the same hold of the lock. False,
+        nothing changed, when the kernel declines."""
+        if _acting_ext is None:
+            return False
+        with self.lock:
+            try:
+                n = store.steps(lanes, actions, frames, rewards, terminated, truncated, lives)
+            except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
+                return False
+            if n < 0:
+                return False
+            if extras:
+                for name, values in extras.items():
+                    self.extras[name][taken] = values
+            self._published(taken, n, n)
+        return True
+
+    # ------------------------------------------------------------------ block life cycle
+    def _retire_active(self, blocks: np.ndarray) -> None:
         for block in blocks[blocks >= 0].tolist():
             if self.block_state[block] == _ACTIVE:
                 self._retire(block)
@@ -196,102 +392,95 @@ class BlockRing:
         self.block_next[block] = -1
         self.block_state[block] = _FREE
 
-    def restore(self, free: np.ndarray, retired: np.ndarray, num_valid: int,
-                num_steps_written: int) -> None:
-        """The block lists and counters of a checkpoint whose tables were read into this ring
-        (which the checkpoint code then checks against I1-I7)."""
-        self.free = collections.deque(int(b) for b in free)
-        self.retired = collections.deque(int(b) for b in retired)
-        self.num_valid = num_valid
-        self.num_steps_written = num_steps_written
+    # ------------------------------------------------------------------ exported state
+    def state(self) -> tuple[dict[str, Any], dict[str, tuple[np.dtype, tuple[int, ...], list[np.ndarray]]]]:
+        """What a checkpoint stores: ``(counters, tables)``; ``counters``: ``num_valid``,
+        ``num_steps_written`` and a prioritized ring's :meth:`PriorityIndex.state`; ``tables``: name -> (dtype, shape,
+        chunks) of every table in :data:`TABLES` order, then the extra fields
+        (``extra.<name>``) and a prioritized ring's ``priority`` leaves. Slot tables hold the
+        written slots only (chunks are views of each written block's rows, in block order);
+        active blocks are exported retired (newest last), as after their writers' ``close()``.
+        Caller holds the lock (the chunks are views)."""
+        return _export_state(self)
 
-    @property
-    def priority_leaves(self) -> np.ndarray | None:
-        """The priority tree's leaves (one per slot) for the checkpoint; None when uniform."""
-        return None if self.priorities is None else self.priorities.tree.leaves
+    def table_names(self) -> list[str]:
+        """The names of :meth:`state`'s tables for this ring."""
+        return [name for name, _, _ in self.tables()]
 
-    # ------------------------------------------------------------------ lane geometry
-    def tokens(self, slots: np.ndarray) -> np.ndarray:
-        """The sample tokens (``SampleBatch.indices``) of ``slots``: generation and slot."""
-        return self.block_gen[slots // self.block_size] * self.num_slots + slots
+    def load_state(self, counters: Mapping[str, Any], source: Any) -> None:
+        """Fill this new ring (nothing written yet) with an exported :meth:`state`, then check
+        it against the invariants (I1-I7: :func:`~expreplay.storage._checkpoint_checks.validate`).
 
-    def next_slots(self, slots: np.ndarray) -> np.ndarray:
-        """The slot of the lane's next frame after each of ``slots`` (I4)."""
-        bs = self.block_size
-        block, offset = np.divmod(slots, bs)
-        return np.where(offset + 1 < bs, slots + 1, self.block_next[block] * bs)
-
-    def frame_index(self, slots: np.ndarray) -> np.ndarray:
-        """Slot index of every frame of each transition: (B, history_len + 1), oldest first:
-        the state's (:meth:`history_index`), then the next frame (the lane's next slot)."""
-        return np.concatenate([self.history_index(slots), self.next_slots(slots)[:, None]],
-                              axis=1)
-
-    def history_index(self, slots: np.ndarray) -> np.ndarray:
-        """Slot index of the ``history_len`` frames of the state at each slot, oldest first.
-
-        Frame ``k`` steps back lies in the same block when the offset allows, else in the
-        previous block of the lane (I4); before the episode's first frame it is the zero
-        slot (I7).
+        ``source`` supplies the tables: ``source.read_into(name, targets, dtype, shape)`` fills
+        the C-contiguous ``targets`` in order, ``source.read_queue(name, max_len)`` returns a
+        queue's int64 array, ``source.missing`` names tables its format lacks (they keep their
+        initial value), and ``source.fail(problem)`` raises. Counters and priority settings
+        come from ``counters`` (``num_valid``, ``num_steps_written``; for a prioritized ring
+        ``max_priority`` and ``stale_priority_updates``).
         """
-        bs = self.block_size
-        block, offset = np.divmod(slots, bs)
-        back = np.arange(self.history_len - 1, -1, -1)            # k, oldest first
-        pos = offset[:, None] - back                                # offset of frame k back
-        prev_base = self.block_prev[block][:, None] * bs + bs
-        hist = np.where(pos >= 0, block[:, None] * bs + pos, prev_base + pos)
-        return np.where(back <= self.epstep[slots][:, None], hist, self.zero_slot)
+        _load_state(self, counters, source)
 
-    # ------------------------------------------------------------------ whole episodes
-    def episode_starts(self) -> list[tuple[int, int]]:
-        """``(first slot, block generation)`` of every episode start stored, oldest lanes'
-        blocks first. Caller holds the lock."""
-        order = list(self.retired) + list(np.flatnonzero(self.block_state == _ACTIVE))
-        starts: list[tuple[int, int]] = []
-        for block in order:
-            lo = block * self.block_size
-            fill = int(self.block_fill[block])
-            gen = int(self.block_gen[block])     # a reuse of the block changes it
-            starts.extend((int(s), gen) for s in lo + np.flatnonzero(self.epstep[lo:lo + fill] == 0))
-        return starts
+    def tables(self) -> list[tuple[str, Any, str]]:
+        """(name, array, kind) of every exported table (see :data:`TABLES`), for reading."""
+        out = [(name, getattr(self, name), kind) for name, kind in TABLES.items()]
+        out += [(EXTRA_PREFIX + field, arr, 'slot') for field, arr in self.extras.items()]
+        if self.priorities is not None:
+            out.append(('priority', self.priorities.leaves, 'slot'))
+        return out
 
-    def read_episode(self, start: int, gen: int) -> dict[str, Any] | str:
-        """Copies of the episode whose first frame is ``start``, in block generation ``gen``
-        (see :meth:`ReplayMemory.episodes`), or :attr:`StoredEpisodes.EVICTED` /
-        :attr:`StoredEpisodes.INCOMPLETE`. Takes the lock."""
-        with self.lock:
-            if self.block_gen[start // self.block_size] != gen:
-                return StoredEpisodes.EVICTED
-            slots = self.episode_slots(start)
-            if slots is None:
-                return StoredEpisodes.INCOMPLETE
-            return self._episode_copy(slots)
 
-    def _episode_copy(self, slots: np.ndarray) -> dict[str, Any]:
-        steps = slots[:-1]
-        return dict(observations=self.frames[slots].copy(),
-                    actions=self.action[steps].copy(),
-                    rewards=self.reward[steps].copy(),
-                    terminations=(self.flags[steps] & _TERMINATED) != 0,
-                    truncations=(self.flags[steps] & _TRUNCATED) != 0,
-                    extras={name: arr[steps] for name, arr in self.extras.items()})
+def _export_state(ring: BlockRing) -> tuple[dict[str, Any], dict[str, tuple[np.dtype, tuple[int, ...], list[np.ndarray]]]]:
+    """:meth:`BlockRing.state`."""
+    if ring.priorities is not None:
+        ring.priorities.flush()       # steps published since the last sample enter the tree
+    bs = ring.block_size
+    written = np.flatnonzero(ring.block_fill).tolist()
+    rows = int(ring.block_fill.sum())
+    active = np.flatnonzero(ring.block_state == _ACTIVE)
+    out = {}
+    for name, arr, kind in ring.tables():
+        if name == 'block_state':
+            arr = np.where(arr == _ACTIVE, _RETIRED, arr).astype(arr.dtype)
+        elif kind == 'queue':
+            arr = np.array(arr, np.int64)
+            if name == 'retired':
+                arr = np.concatenate([arr, active.astype(np.int64)])
+        if kind == 'slot':
+            chunks = [arr[b * bs:b * bs + int(ring.block_fill[b])] for b in written]   # views
+            out[name] = (arr.dtype, (rows,) + arr.shape[1:], chunks)
+        else:
+            out[name] = (arr.dtype, arr.shape, [arr])
+    counters: dict[str, Any] = dict(num_valid=ring.num_valid,
+                                    num_steps_written=ring.num_steps_written)
+    if ring.priorities is not None:
+        counters.update(ring.priorities.state())
+    return counters, out
 
-    def episode_slots(self, start: int) -> np.ndarray | None:
-        """Slots of the episode whose first frame is ``start``, or None if it is incomplete
-        (still running, abandoned, or cut by an eviction). Caller holds the lock."""
-        bs = self.block_size
-        slots = [start]
-        slot = start
-        while True:
-            flags = int(self.flags[slot])
-            if not flags & _HAS_ACTION:
-                return None                       # still running, or abandoned
-            block, offset = divmod(slot, bs)
-            nxt = slot + 1 if offset + 1 < bs else int(self.block_next[block]) * bs
-            if nxt < 0 or nxt % bs >= self.block_fill[nxt // bs] \
-                    or self.epstep[nxt] != self.epstep[slot] + 1:
-                return None
-            slots.append(nxt)
-            if flags & (_TERMINATED | _TRUNCATED):
-                return np.array(slots)
-            slot = nxt
+
+def _load_state(ring: BlockRing, counters: Mapping[str, Any], source: Any) -> None:
+    """:meth:`BlockRing.load_state`."""
+    bs, missing = ring.block_size, set(source.missing)
+    tables = [(n, a, k) for n, a, k in ring.tables() if n not in missing]
+    for name, arr, kind in tables:
+        if kind == 'block':
+            source.read_into(name, [arr], arr.dtype, arr.shape)
+    fill = ring.block_fill
+    if fill.min() < 0 or fill.max() > bs:
+        source.fail(f"inconsistent: block_fill outside [0, {bs}]")
+    rows = int(fill.sum())
+    written = [(b, int(fill[b])) for b in np.flatnonzero(fill).tolist()]
+    for name, arr, kind in tables:
+        if kind == 'queue':
+            queue = collections.deque(source.read_queue(name, ring.num_blocks).tolist())
+            setattr(ring, name, queue)
+        elif kind == 'slot':
+            source.read_into(name, [arr[b * bs:b * bs + n] for b, n in written], arr.dtype,
+                             (rows,) + arr.shape[1:])
+    ring.num_valid = counters['num_valid']
+    ring.num_steps_written = counters['num_steps_written']
+    if ring.priorities is not None:
+        ring.priorities.load_state(counters['max_priority'],
+                                   counters['stale_priority_updates'])
+    validate(ring, source.fail)
+    if ring.priorities is not None:
+        ring.priorities.rebuild()

@@ -1,15 +1,19 @@
 """The write path of the replay memory: :class:`BatchWriter` (many lanes in one call) and
 :class:`LaneWriter` (one environment, scalar arguments).
 
-A writer owns its lanes' active blocks (the memory's invariant I1, see
-:mod:`expreplay.storage.memory`): it writes frames into them outside the memory's lock and publishes
-the steps (epstep, action, reward, flags, VALID, priority) under it. The rules of what may be
-written are :mod:`expreplay.storage._inputs`. Both classes are re-exported by :mod:`expreplay.storage.memory`.
+A writer owns its lanes' active blocks (the ring's invariant I1, see
+:mod:`expreplay.storage.ring`) and keeps only its lanes' cursors (the block, the next slot, the
+current observation's slot): every write of the ring's tables is the ring's own
+(:meth:`~expreplay.storage.ring.BlockRing.reserve`, :meth:`~expreplay.storage.ring.BlockRing.start`,
+:meth:`~expreplay.storage.ring.BlockRing.append`, :meth:`~expreplay.storage.ring.BlockRing.retire`).
+The rules of what may be written are :mod:`expreplay.storage._inputs`. Both classes are
+re-exported by :mod:`expreplay.storage.memory`.
 
-The common cases run in the optional C kernel ``expreplay.storage._acting_ext`` (a ``Store`` bound
-once to a writer's tables): a single lane's :meth:`LaneWriter.add_step`, and an acting step of
-many lanes (:meth:`BatchWriter.add_steps_with_history`). Setting ``expreplay.storage.writers._acting_ext``
-to None switches every writer to the numpy path (what the tests do to check both).
+The common cases run in the ring's optional C kernel (a ``Store`` the ring binds once to its
+tables and a writer's cursors): a single lane's :meth:`LaneWriter.add_step` and
+:meth:`LaneWriter.start_episode`, and an acting step of many lanes
+(:meth:`BatchWriter.add_steps_with_history`). Setting ``expreplay.storage.ring._acting_ext`` to
+None switches every writer to the numpy path (what the tests do to check both).
 
 A writer dropped without :meth:`~BatchWriter.close` gives its blocks back when it is garbage
 collected (a finalizer queues them; the memory retires them at its next block claim, and
@@ -21,24 +25,25 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .._checks import check_bool, check_int
 from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
                       check_frames, check_reward, check_rewards)
-from ._slots import _FREE, _HAS_ACTION, _VALID
-
-if TYPE_CHECKING:
-    from .memory import ReplayMemory
-
-try:  # optional, built by setup.py when a C compiler is available; looked up at call time
-    from . import _acting_ext
-except ImportError:
-    _acting_ext = None  # type: ignore[assignment]
+from ._slots import _HAS_ACTION, _VALID
+from .ring import BlockRing
 
 __all__ = ['BatchWriter', 'LaneWriter', 'TensorpackAppender']
+
+
+
+class WithRing(Protocol):
+    """What a writer needs of its :class:`~expreplay.storage.memory.ReplayMemory`: the ring
+    (a protocol, so that this module, which the memory imports, imports no memory)."""
+    ring: BlockRing
+
 
 _LANE0 = np.zeros(1, np.int64)
 _LANE0.flags.writeable = False     # LaneWriter's lanes: known good, not checked again
@@ -77,7 +82,7 @@ class BatchWriter:
     Dropped without :meth:`close`, a writer gives its blocks back once it is garbage collected.
     """
 
-    def __init__(self, memory: ReplayMemory, num_lanes: int) -> None:
+    def __init__(self, memory: WithRing, num_lanes: int) -> None:
         self.memory = memory
         self._ring = ring = memory.ring
         self.num_lanes = check_int(num_lanes, 'num_lanes', 1)
@@ -114,17 +119,13 @@ class BatchWriter:
         An episode still open in such a lane is abandoned: its steps so far stay sampleable.
         ``checked=True`` skips the frame check (the caller ran :func:`check_frames` itself).
         """
-        mem, ring = self.memory, self._ring
+        ring = self._ring
         lanes = self._lanes(lanes)
         if not checked:
-            frames = _batch(check_frames(frames, mem.state_shape, mem.dtype, 'frames'), len(lanes),
-                            'frames', ndim=2)
+            frames = _batch(check_frames(frames, ring.state_shape, ring.dtype, 'frames'),
+                            len(lanes), 'frames', ndim=2)
         slots = self._slots(lanes)
-        ring.frames[slots] = frames    # outside the lock: the slots are ours, unpublished (I1, I2)
-        with ring.lock:
-            ring.epstep[slots] = 0
-            ring.flags[slots] = 0
-            ring.block_fill[self._block[lanes]] += 1
+        ring.start(self._block[lanes], slots, frames)
         self._advance(lanes, slots, 0)
 
     def add_steps(self, lanes: Any, actions: Any, rewards: Any, next_frames: Any, terminated: Any,
@@ -141,7 +142,7 @@ class BatchWriter:
         ``extras``: for a memory with ``extra_fields``, a dict holding every field, each an
         array of ``len(lanes)`` values (always checked, whatever ``checked`` says).
         """
-        mem, ring = self.memory, self._ring
+        ring = self._ring
         lanes = self._lanes(lanes)
         n = len(lanes)
         cur = self._cur_slot[lanes]
@@ -151,12 +152,12 @@ class BatchWriter:
                                    "start_episodes(lanes, frames) with the reset observations first")
             actions = _batch(check_actions(actions, 'actions'), n, 'actions')
             rewards = _batch(check_rewards(rewards, 'rewards'), n, 'rewards')
-            next_frames = _batch(check_frames(next_frames, mem.state_shape, mem.dtype, 'next_frames'),
-                                 n, 'next_frames', ndim=2)
+            next_frames = _batch(check_frames(next_frames, ring.state_shape, ring.dtype,
+                                              'next_frames'), n, 'next_frames', ndim=2)
             terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
             truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
         if ring.extras or extras:
-            extras = check_extras(extras, mem.extra_fields, n)
+            extras = check_extras(extras, _extra_fields(ring), n)
         ended = terminated | truncated
         any_end = ended.any()
         if any_end:
@@ -167,23 +168,10 @@ class BatchWriter:
         slots = self._slots(lanes)
         # After _slots: a lane that just took a new block has its current slot in the previous
         # block now (_cur_off -1), which another writer's claim may evict before we publish.
-        careful = (self._cur_off[lanes] < mem.history_len - 1).any()
+        careful = (self._cur_off[lanes] < ring.history_len - 1).any()
         epsteps = self._cur_epstep[lanes] + 1
-        ring.frames[slots] = next_frames   # outside the lock (I1, I2)
-        with ring.lock:
-            ring.epstep[slots] = epsteps
-            ring.flags[slots] = 0
-            ring.block_fill[self._block[lanes]] += 1
-            if careful:
-                self._publish_carefully(cur, self._cur_gen[lanes], actions, rewards, flags, extras, n)
-            else:
-                ring.action[cur] = actions
-                ring.reward[cur] = rewards
-                if extras:
-                    for name, values in extras.items():
-                        ring.extras[name][cur] = values
-                ring.flags[cur] = flags
-                ring.publish(cur, n, n)
+        ring.append(self._block[lanes], slots, next_frames, epsteps, cur,
+                    self._cur_gen[lanes] if careful else None, actions, rewards, flags, extras)
         self._advance(lanes, slots, epsteps)
         if any_end:
             self._cur_slot[lanes[ended]] = -1
@@ -193,65 +181,48 @@ class BatchWriter:
                                truncated: np.ndarray, lives: Any, history: Any,
                                scores: np.ndarray, lengths: np.ndarray, lives_now: np.ndarray, *,
                                extras: Mapping[str, Any] | None = None) -> bool:
-        """The common case of an acting step in one C call (``expreplay.storage._acting_ext``): the
-        steps of :meth:`add_steps` (none ending an episode), and the acting group's per-lane
+        """The common case of an acting step in one C call (the ring's kernel): the steps of
+        :meth:`add_steps` (none ending an episode), and the acting group's per-lane
         companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
         ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
         changed nothing, when the kernel is not built or a lane needs the general path (a full
         block, a slot near a block start, an episode end, a lost life, a bad reward).
 
-        ``extras`` as in :meth:`add_steps` (checked first: bad extras raise, changing nothing).
-        The kernel stores frames, actions and rewards; what it does not know of (the extra
-        fields, a prioritized memory's new tree entries) is added here, under the same hold of
-        the memory's lock, so a sampler sees the steps whole."""
-        if _acting_ext is None or self._closed:
+        ``extras`` as in :meth:`add_steps` (checked first: bad extras raise, changing nothing)."""
+        if self._closed:
             return False
         ring = self._ring
         if ring.extras or extras:
-            extras = check_extras(extras, self.memory.extra_fields, len(lanes))
+            extras = check_extras(extras, _extra_fields(ring), len(lanes))
         bound = self._bound
         if bound is None or bound[1] is not history or bound[2] is not scores \
                 or bound[3] is not lengths or bound[4] is not lives_now:
-            bound = self._bound = (self.kernel_store((*history.buffers(), scores, lengths, lives_now)),
-                                   history, scores, lengths, lives_now)
-        prio = ring.priorities
-        with ring.lock:
-            try:
-                # The slots the steps are taken from (published by the kernel), for the hooks.
-                cur = self._cur_slot[lanes] if prio is not None or extras else None
-                n = bound[0].steps(lanes, actions, next_frames, rewards, terminated, truncated,
-                                   lives)
-            except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
+            store = ring.bind_kernel(self._cursors(), (*history.buffers(), scores, lengths, lives_now))
+            if store is None:
                 return False
-            if n < 0:
-                return False
-            if extras:
-                for name, values in extras.items():
-                    ring.extras[name][cur] = values
-            ring.publish(cur, n, n)
-        return True
+            bound = self._bound = (store, history, scores, lengths, lives_now)
+        # The slots the steps are taken from (published by the kernel), for the ring's hooks.
+        taken = self._cur_slot[lanes] if ring.priorities is not None or extras else None
+        return ring.kernel_steps(bound[0], lanes, actions, next_frames, rewards, terminated,
+                                 truncated, lives, taken, extras)
 
     def close(self) -> None:
         """Detach from the memory: every lane's active block is retired. Idempotent."""
-        with self._ring.lock:
-            self._finalizer.detach()
-            self._ring.retire_active(self._block)
-            self._block[:] = -1
-            self._cur_slot[:] = -1
-            self._closed = True
+        self._finalizer.detach()
+        self._ring.retire(self._block)
+        self._block[:] = -1
+        self._cur_slot[:] = -1
+        self._closed = True
+
+    def kernel_binding(self) -> Any:
+        """The ring's C kernel bound to this writer's cursors (None when not built)."""
+        return self._ring.bind_kernel(self._cursors())
 
     # ------------------------------------------------------------------ internals
-    def kernel_store(self, history_tables: tuple | None = None) -> Any:
-        """The C kernel's binding (``_acting_ext.Store``) to this writer's tables and the
-        ring's (and an acting group's, if given); only when the kernel is built."""
-        mem, ring = self.memory, self._ring
-        fmt = ring.frames[:0].data.format if mem.dtype.kind in 'iub' else ''
-        return _acting_ext.Store(
-            (ring.frames, ring.epstep, ring.flags, ring.action, ring.reward, ring.block_fill,
-             ring.block_gen, ring.block_state, ring.block_prev_intact),
-            (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block, self._safe,
-             self._cur_gen),
-            history_tables, fmt, mem.state_shape, mem.history_len, mem.block_size)
+    def _cursors(self) -> tuple[np.ndarray, ...]:
+        """The lanes' cursors, in the order the ring's kernel binds them."""
+        return (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
+                self._safe, self._cur_gen)
 
     def _lanes(self, lanes):
         """``lanes`` as an int64 array, by the rule of the class docstring: a sequence or 1-D
@@ -297,14 +268,11 @@ class BatchWriter:
         ring = self._ring
         bs = ring.block_size
         blocks = self._block
-        full = np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs))
-        if len(full):
-            with ring.lock:
-                for j in full.tolist():
-                    blocks[j] = ring.claim_block(int(blocks[j]))
-                    self._next[j] = blocks[j] * bs
-                    # The lane's current observation now lies in the previous block.
-                    self._cur_off[j] = -1
+        for j in np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs)).tolist():
+            blocks[j] = ring.reserve(int(blocks[j]))
+            self._next[j] = blocks[j] * bs
+            # The lane's current observation now lies in the previous block.
+            self._cur_off[j] = -1
 
     def _advance(self, lanes, slots, epsteps):
         """The frames just written at ``slots`` are the lanes' current observations."""
@@ -313,30 +281,6 @@ class BatchWriter:
         self._cur_epstep[lanes] = epsteps
         self._cur_gen[lanes] = self._ring.block_gen[self._block[lanes]]
         self._cur_off[lanes] = slots - self._block[lanes] * self._ring.block_size
-
-    def _publish_carefully(self, slots, gens, actions, rewards, flags, extras, written):
-        """Store the steps taken from ``slots`` where some lie in a previous block or at the
-        start of one: VALID only where their history is intact (I3). Caller holds the lock."""
-        ring = self._ring
-        flags = np.broadcast_to(flags, slots.shape)
-        block, offset = np.divmod(slots, ring.block_size)
-        # A slot whose block was evicted since (it was the last of the lane's previous block,
-        # and the oldest) is as gone as any evicted step.
-        alive = (ring.block_gen[block] == gens) & (ring.block_state[block] != _FREE)
-        if not alive.all():
-            slots, block, offset = slots[alive], block[alive], offset[alive]
-            actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
-            if extras:
-                extras = {name: values[alive] for name, values in extras.items()}
-        ring.action[slots] = actions
-        ring.reward[slots] = rewards
-        if extras:
-            for name, values in extras.items():
-                ring.extras[name][slots] = values
-        needs_prev = np.minimum(ring.epstep[slots], ring.history_len - 1) > offset
-        valid = ~needs_prev | ring.block_prev_intact[block]
-        ring.flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
-        ring.publish(slots[valid], int(np.count_nonzero(valid)), written)
 
 
 class LaneWriter:
@@ -348,14 +292,15 @@ class LaneWriter:
     A :class:`BatchWriter` of one lane, with scalar arguments.
     """
 
-    def __init__(self, memory: ReplayMemory) -> None:
+    def __init__(self, memory: WithRing) -> None:
         self.memory = memory
-        self._ring = memory.ring
+        self._ring = ring = memory.ring
         self._writer = BatchWriter(memory, 1)
-        # The C kernel's binding for add_step's common case (None: not built, or a memory
-        # whose steps it does not take: extra fields, float frames).
-        self._store = (self._writer.kernel_store() if _acting_ext is not None
-                       and not memory.ring.extras and memory.dtype.kind in 'iub' else None)
+        # The ring's C kernel bound to this lane's cursors, for add_step's and start_episode's
+        # common case (None: not built, or a memory whose steps it does not take: extra
+        # fields, float frames).
+        self._store = (self._writer.kernel_binding()
+                       if not ring.extras and ring.dtype.kind in 'iub' else None)
 
     @property
     def in_episode(self) -> bool:
@@ -373,6 +318,9 @@ class LaneWriter:
 
         An episode still open is abandoned: its steps so far stay sampleable.
         """
+        store = self._store
+        if store is not None and self._ring.kernel_start(store, obs):
+            return
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
 
@@ -392,15 +340,11 @@ class LaneWriter:
                 transition from the current observation.
         """
         store = self._store
-        if store is not None and _acting_ext is not None and extras is None:
+        if store is not None and extras is None and self._ring.kernel_step(
+                store, action, reward, next_obs, terminated, truncated):
             # The common case (int action, float reward, a frame of the memory's shape and
-            # dtype, no end, room in the block) checked and stored in one C call.
-            ring = self._ring
-            with ring.lock:
-                cur = store.step(action, reward, next_obs, terminated, truncated)
-                if cur >= 0:
-                    ring.publish(cur, 1, 1)
-                    return
+            # dtype, bool ends, room in the block) checked and stored in one C call.
+            return
         if not self._writer.lane_in_episode(0):
             raise RuntimeError("add_step called outside an episode: call start_episode(obs) "
                                "with the reset observation first")
@@ -410,7 +354,7 @@ class LaneWriter:
         terminated = check_bool(terminated, 'terminated')
         truncated = check_bool(truncated, 'truncated')
         if extras is not None or self._ring.extras:
-            extras = check_extras(extras, self.memory.extra_fields)
+            extras = check_extras(extras, _extra_fields(self._ring))
         self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
                                frame[None], np.array([terminated]), np.array([truncated]),
                                checked=True, extras=extras)
@@ -420,7 +364,7 @@ class LaneWriter:
         self._writer.close()
 
     def _check_obs(self, obs, name):
-        return as_frame(obs, self.memory.state_shape, self.memory.dtype, name)
+        return as_frame(obs, self._ring.state_shape, self._ring.dtype, name)
 
     # The one-value forms of the input rules (expreplay.storage._inputs).
     _check_action = staticmethod(check_action)
@@ -432,16 +376,16 @@ class TensorpackAppender:
     there): a :class:`LaneWriter` that holds each non-terminal step back until the next
     ``append`` brings its next state."""
 
-    def __init__(self, memory: ReplayMemory) -> None:
+    def __init__(self, memory: WithRing) -> None:
         self.memory = memory
         self._writer = LaneWriter(memory)
         self._pending: tuple[int, float] | None = None   # (action, reward) held back
 
     def append(self, state: Any, action: Any, reward: Any, is_over: Any) -> None:
         """Add one step (see :meth:`ReplayMemory.append`)."""
-        mem, w = self.memory, self._writer
+        ring, w = self.memory.ring, self._writer
         # Check everything before writing anything, so that a bad step changes nothing.
-        as_frame(state, mem.state_shape, mem.dtype, 'exp.state')
+        as_frame(state, ring.state_shape, ring.dtype, 'exp.state')
         action, reward = check_action(action), check_reward(reward)
         is_over = check_bool(is_over, 'exp.isOver')
         if self._pending is None:
@@ -450,9 +394,13 @@ class TensorpackAppender:
             w.add_step(*self._pending, next_obs=state)
             self._pending = None
         if is_over:
-            w.add_step(action, reward, np.zeros(mem.state_shape, mem.dtype), terminated=True)
+            w.add_step(action, reward, np.zeros(ring.state_shape, ring.dtype), terminated=True)
         else:
             self._pending = (action, reward)
+
+
+def _extra_fields(ring: BlockRing) -> dict[str, np.dtype]:
+    return {name: arr.dtype for name, arr in ring.extras.items()}
 
 
 def _give_back(ring_ref: weakref.ref, blocks: np.ndarray) -> None:

@@ -178,10 +178,10 @@ def kernels(request, monkeypatch):
     if request.param == 'numpy':
         import expreplay.acting.envs.frames
         import expreplay.acting.policy
-        import expreplay.storage.writers
+        import expreplay.storage.ring
         monkeypatch.setattr(expreplay.acting.policy, '_acting_ext', None)
         monkeypatch.setattr(expreplay.acting.envs.frames, '_acting_ext', None)
-        monkeypatch.setattr(expreplay.storage.writers, '_acting_ext', None)
+        monkeypatch.setattr(expreplay.storage.ring, "_acting_ext", None)
     elif expreplay_kernels_missing():
         pytest.skip("the C kernels are not built here")
     return request.param

@@ -325,9 +325,10 @@ def test_load_checks_the_expected_configuration_like_the_constructor(tmp_path):
 
 def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, monkeypatch):
     """How a later version adds a per-slot table (as version 3 added priorities): an entry in
-    TABLES and a version bump; files of the previous version load, the new table at its
-    initial value."""
+    the ring's TABLES and a version bump; files of the previous version load, the new table
+    at its initial value."""
     from expreplay.storage import checkpoint as _checkpoint
+    from expreplay.storage import ring as ring_module
 
     class VisitedMemory(ReplayMemory):
         def __init__(self, *args, **kwargs):
@@ -342,7 +343,7 @@ def test_a_new_table_is_one_registry_entry_and_old_files_still_load(tmp_path, mo
 
     current = _checkpoint.VERSION
     monkeypatch.setattr(_checkpoint, 'VERSION', current + 1)
-    monkeypatch.setitem(_checkpoint.TABLES, 'visits', ('visits', 'slot'))
+    monkeypatch.setitem(ring_module.TABLES, 'visits', 'slot')
     monkeypatch.setattr(_checkpoint, 'MISSING_IN_OLD_VERSIONS',
                         {**_checkpoint.MISSING_IN_OLD_VERSIONS, current: ('visits',)})
     mem = VisitedMemory.load(tmp_path / 'now.npz')

@@ -154,7 +154,7 @@ def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
     mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, extra_fields=FIELDS,
                        prioritized=prioritized)
     calls = write_batches(mem, 4, 2000, rng, fast=True)
-    if expreplay.storage.writers._acting_ext is None:
+    if expreplay.storage.ring._acting_ext is None:
         assert calls == 0
         pytest.skip("the C kernel is not built here: the general path was checked")
     assert calls > 1000                         # most steps went through the kernel
@@ -170,7 +170,7 @@ def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
 def test_the_c_kernel_now_serves_prioritized_memories(monkeypatch):
     """A prioritized memory's common step goes through the kernel (it used to be refused),
     and its new steps enter the tree at the running max priority."""
-    if expreplay.storage.writers._acting_ext is None:
+    if expreplay.storage.ring._acting_ext is None:
         pytest.skip("the C kernel is not built here")
     mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, prioritized=True)
     bw = mem.new_batch_writer(2)
@@ -273,7 +273,7 @@ def test_bad_extras_of_a_batch_name_the_field_and_change_nothing(change, match):
         bw.add_steps(*args, extras=change(good))
     with pytest.raises(ValueError, match=match):
         bw.add_steps(*args, checked=True, extras=change(good))     # checked: extras still are
-    if expreplay.storage.writers._acting_ext is not None:
+    if expreplay.storage.ring._acting_ext is not None:
         history = FrameHistory(2, FRAME_SHAPE, 2, mem.dtype)
         with pytest.raises(ValueError, match=match):
             bw.add_steps_with_history(*args, np.full(2, -1, np.int64), history, np.zeros(2),

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import expreplay.storage._gather
-import expreplay.storage.writers
+import expreplay.storage.ring
 from expreplay import ReplayMemory
 from expreplay.storage.memory import SampleBatch
 from test_memory import FRAME_SHAPE, StreamModel, action_of, decode, encode, reward_of
@@ -19,11 +19,11 @@ from test_memory import FRAME_SHAPE, StreamModel, action_of, decode, encode, rew
 @pytest.fixture(params=['C kernels', 'numpy'])
 def kernels(request, monkeypatch):
     """The memory's C kernels (the sampler, the writers' store), or the numpy path: the
-    switches are ``expreplay.storage._gather._gather_ext`` and ``expreplay.storage.writers._acting_ext``."""
+    switches are ``expreplay.storage._gather._gather_ext`` and ``expreplay.storage.ring._acting_ext``."""
     if request.param == 'numpy':
         monkeypatch.setattr(expreplay.storage._gather, '_gather_ext', None)
-        monkeypatch.setattr(expreplay.storage.writers, '_acting_ext', None)
-    elif expreplay.storage._gather._gather_ext is None or expreplay.storage.writers._acting_ext is None:
+        monkeypatch.setattr(expreplay.storage.ring, "_acting_ext", None)
+    elif expreplay.storage._gather._gather_ext is None or expreplay.storage.ring._acting_ext is None:
         pytest.skip("the C kernels are not built here")
     return request.param
 
