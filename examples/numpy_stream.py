@@ -24,11 +24,11 @@ from expreplay import Population, ReplayMemory, ReplayStream, Sampling
 class LinearQ:
     """Q(s, a) = w_a . [s, 1] over the stacked history, with a frozen copy as the target network."""
 
-    def __init__(self, state_size, num_actions, lr, gamma, seed=0):
+    def __init__(self, state_size, num_actions, lr, seed=0):
         rng = np.random.default_rng(seed)
         self.w = rng.normal(0, 0.01, (state_size + 1, num_actions)).astype(np.float32)
         self.target_w = self.w.copy()
-        self.lr, self.gamma = lr, gamma
+        self.lr = lr
         # The runners read the weights from another thread while we update them: swap whole
         # arrays under a lock rather than mutating in place under a reader.
         self._lock = threading.Lock()
@@ -44,11 +44,12 @@ class LinearQ:
             w = self.w
         return self.features(states) @ w
 
-    def train(self, comb_state, action, reward, is_over):
-        """One semi-gradient Q-learning step on a batch; returns the mean squared TD error."""
-        state, next_state = comb_state[..., :-1], comb_state[..., 1:]   # frames on the last axis
-        x = self.features(state)
-        target = reward + self.gamma * (~is_over) * (self.features(next_state) @ self.target_w).max(1)
+    def train(self, batch):
+        """One semi-gradient Q-learning step on a batch; returns the mean squared TD error.
+
+        ``batch.discount`` is gamma, or 0 where the episode terminated (the stream's gamma)."""
+        x, action = self.features(batch.state), batch.action
+        target = batch.reward + batch.discount * (self.features(batch.next_state) @ self.target_w).max(1)
         td = target - (x @ self.w)[np.arange(len(action)), action]
         grad = np.zeros_like(self.w)
         np.add.at(grad.T, action, td[:, None] * x)      # d/dw of -0.5 * td^2, per taken action
@@ -69,21 +70,21 @@ def main():
     args = parser.parse_args()
 
     history = 2
-    q = LinearQ(state_size=4 * history, num_actions=2, lr=1e-3, gamma=0.99, seed=args.seed)
+    q = LinearQ(state_size=4 * history, num_actions=2, lr=1e-3, seed=args.seed)
     # CartPole's observations are 4 floats: a float32 memory of 4-vectors, 2 per state.
     stream = ReplayStream(
         ReplayMemory(20_000, (4,), history, 'float32'),
-        Population(lambda: gym.make('CartPole-v1'), args.players, q, seed=args.seed),
-        Sampling(batch_size=32, update_frequency=4, seed=args.seed),
+        # Epsilon: 1 during the fill, then falls linearly to 0.05 over the first half of the
+        # run's env steps (4 per update); given once, as a schedule of the steps stored.
+        Population(lambda: gym.make('CartPole-v1'), args.players, q, seed=args.seed,
+                   exploration=lambda steps: max(0.05, 1.0 - max(0, steps - 1_000) / (2 * args.steps))),
+        Sampling(batch_size=32, update_frequency=4, gamma=0.99, seed=args.seed),
         init_memory_size=1_000)
 
     # The context manager closes the stream: every simulator thread is joined on the way out.
     with stream:
         for step, batch in enumerate(stream):
-            loss = q.train(*batch)
-            # Exploration decays linearly from 1 to 0.05 over the first half of the run; the
-            # runners apply the new value from their next step on.
-            stream.exploration = max(0.05, 1.0 - 2 * step / args.steps)
+            loss = q.train(batch)
             if step % 200 == 0:
                 q.update_target()
             if step % 500 == 0 or step == args.steps:

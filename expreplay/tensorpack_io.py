@@ -220,7 +220,7 @@ class ExpReplay(DataFlow, Callback):
         state_dtype = check_dtype(state_dtype, 'state_dtype')
         sampling = Sampling(batch_size, update_frequency, samples_per_insert=samples_per_insert,
                             n_step=n_step, gamma=gamma, beta=beta, weight_norm=weight_norm,
-                            layout=layout, seed=seed)
+                            layout=layout, seed=seed, batch_format='tensorpack')
         if maximum_staleness is None:
             maximum_staleness = 2 * sampling.steps_per_batch    # as the reference
         # At the end of training, waiting for a simulator thread to finish its env step or

@@ -215,11 +215,29 @@ class OldApiScriptedEnv(_ScriptedCore):
         self.closed = True
 
 
+def _as_comb(batch, layout):
+    """A 1-step SampleBatch as tensorpack's 4-list, after checking what the 4-list can not show."""
+    axis = -1 if layout == 'NHWC' else 1
+    state, next_state = np.asarray(batch.state), np.asarray(batch.next_state)
+    older = np.take(next_state, range(state.shape[axis] - 1), axis=axis)
+    newer = np.take(state, range(1, state.shape[axis]), axis=axis)
+    # Where the state's episode ended with this step, the next state is its final observation:
+    # its history is still the same episode's frames.
+    assert np.array_equal(older, newer), "next_state's older frames are not the state's newer ones"
+    assert np.array_equal(np.asarray(batch.discount) == 0, np.asarray(batch.is_over)), \
+        "discount is not 0 exactly on the terminated steps"
+    newest = np.take(next_state, [next_state.shape[axis] - 1], axis=axis)
+    return [np.concatenate([state, newest], axis=axis), batch.action, batch.reward, batch.is_over]
+
+
 def check_batch(batch, envs, history_len, layout='NHWC', life_loss_terminal=False):
     """Check every transition of a ``sample_batch`` result against what the envs emitted.
 
     Args:
-        batch: ``[comb_state, action, reward, isOver]`` as returned by ``sample_batch``.
+        batch: ``[comb_state, action, reward, isOver]`` as returned by ``sample_batch``, or a
+            1-step SampleBatch (a stream's batch), checked the same way: its state with the
+            next state's newest frame, and its own check that the next state's older frames
+            are the state's newer ones and that ``discount`` is 0 exactly where ``is_over``.
         envs: ``{env_id: env}`` of the scripted envs that produced the data.
         history_len: frames per state.
         life_loss_terminal: the data was written with life losses as episode ends (frames from
@@ -231,6 +249,8 @@ def check_batch(batch, envs, history_len, layout='NHWC', life_loss_terminal=Fals
     log (isOver only for terminated steps, so a truncated end bootstraps). Returns the number
     of transitions checked; raises AssertionError with the details on the first mismatch.
     """
+    if hasattr(batch, 'next_state'):
+        batch = _as_comb(batch, layout)
     comb, action, reward, is_over = batch
     comb = np.asarray(comb)
     if layout == 'NHWC':

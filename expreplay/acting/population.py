@@ -97,8 +97,12 @@ class Population:
             that requests the steps (a stream's prefetch thread, which enters
             ``manager_kwargs['thread_context']`` if given). None is allowed while
             ``exploration`` is 1 (no greedy action is needed); see :meth:`set_predictor`.
-        exploration (float): initial epsilon of the epsilon-greedy runners, in [0, 1]; assign
-            :attr:`exploration` to change it.
+        exploration (float or callable): epsilon of the epsilon-greedy runners, in [0, 1]:
+            a number (assign :attr:`exploration` to change it), or a schedule
+            ``exploration(steps)`` of the steps the players have stored in the memory since
+            :meth:`start` (the initial fill included), read for every step request, e.g.
+            ``lambda steps: max(0.1, 1 - steps / 100_000)``: given once, it needs no update
+            from the training loop. Assigning a number later replaces the schedule.
         maximum_staleness (int): step requests that may be pending. None: chosen by whoever
             starts the population (a stream: twice the steps it requests per batch, as
             tensorpack's reference).
@@ -130,7 +134,7 @@ class Population:
 
     def __init__(self, get_player: Callable[[], Any], num_players: int = 1,
                  predictor: Callable[[np.ndarray], Any] | None = None, *,
-                 exploration: float = 1.0, maximum_staleness: int | None = None,
+                 exploration: float | Callable[[int], float] = 1.0, maximum_staleness: int | None = None,
                  seed: int | None = None, episode_starts: Any = None,
                  episode_log_dir: str | os.PathLike | None = None,
                  on_episode_end: Callable[[EpisodeRecord], None] | None = None,
@@ -140,6 +144,8 @@ class Population:
         check_callable(predictor, 'predictor', allow_none=True)
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
         self.num_players = check_int(num_players, 'num_players', 1, allow_float=True)
+        self._exploration = 1.0
+        self._schedule: Callable[[int], float] | None = None
         self.exploration = exploration           # checked by the property
         self.maximum_staleness = None if maximum_staleness is None else check_int(
             maximum_staleness, 'maximum_staleness', 1, allow_float=True)
@@ -168,12 +174,28 @@ class Population:
     # ------------------------------------------------------------------ acting settings
     @property
     def exploration(self) -> float:
-        """Epsilon of the runners; assign it to change it (the next step request carries it)."""
-        return self._exploration
+        """Epsilon of the runners now (the schedule's value at the steps stored so far, if
+        ``exploration`` is a schedule); assign a number or a schedule to change it (the next
+        step request carries it)."""
+        schedule = self._schedule
+        if schedule is None:
+            return self._exploration
+        steps = self.manager.progress()[0] if self.manager is not None else 0
+        return check_probability(schedule(steps), 'exploration (the schedule\'s value)')
 
     @exploration.setter
-    def exploration(self, value: float) -> None:
-        self._exploration = check_probability(value, 'exploration')
+    def exploration(self, value: float | Callable[[int], float]) -> None:
+        if callable(value):
+            check_probability(value(0), 'exploration (the schedule\'s value at step 0)')
+            self._schedule = value
+        else:
+            self._exploration = check_probability(value, 'exploration')
+            self._schedule = None
+
+    @property
+    def exploration_schedule(self) -> Callable[[int], float] | None:
+        """The schedule given as ``exploration``, or None when it is a number."""
+        return self._schedule
 
     @property
     def predictor(self) -> Callable[[np.ndarray], Any] | None:

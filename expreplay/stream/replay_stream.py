@@ -109,6 +109,10 @@ if TYPE_CHECKING:
 
 __all__ = ['ReplayStream', 'DEFAULT_PREFETCH']
 
+# Batches drawn after the fill with every step at exploration 1.0 before the stream warns that
+# the Q-function is never used (a training loop that forgot to lower epsilon learns nothing).
+RANDOM_PLAY_WARNING_BATCHES = 10_000
+
 # Batches the prefetch thread keeps ready by default: enough to absorb the players' and the
 # sampler's jitter for a learner taking 1 ms per batch (benchmarks/bench_e2e.py measures it).
 DEFAULT_PREFETCH = 4
@@ -185,15 +189,17 @@ class ReplayStream:
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
+        self._random_batches: int | None = 0   # batches drawn at exploration 1.0; None once not
 
     # ------------------------------------------------------------------ the learner's knobs
     @property
     def exploration(self) -> float:
-        """The population's epsilon (:attr:`Population.exploration`); assign it to change it."""
+        """The population's epsilon now (:attr:`Population.exploration`); assign a number, or a
+        schedule of the steps stored, to change it."""
         return self.population.exploration
 
     @exploration.setter
-    def exploration(self, value: float) -> None:
+    def exploration(self, value: float | Callable[[int], float]) -> None:
         self.population.exploration = value
 
     @property
@@ -355,7 +361,26 @@ class ReplayStream:
         """The requests due before the next batch (see the module docstring), then the batch."""
         assert self._pacer is not None
         self._pacer.before_draw()
+        if self._random_batches is not None:
+            self._watch_random_play()
         return self.sample()
+
+    def _watch_random_play(self) -> None:
+        """Warn once if the players still act only at random after many batches."""
+        population = self.population
+        if population.exploration < 1.0 or population.predictor is None:
+            self._random_batches = None     # greedy actions are taken, or none can be
+            return
+        assert self._random_batches is not None
+        self._random_batches += 1
+        if self._random_batches >= RANDOM_PLAY_WARNING_BATCHES:
+            self._random_batches = None
+            warnings.warn(
+                f"ReplayStream: {RANDOM_PLAY_WARNING_BATCHES} batches drawn since the initial "
+                "fill and every step was taken at exploration 1.0: the players never use the "
+                "predictor. Lower epsilon as the training goes, once with a schedule "
+                "(Population(exploration=lambda steps: max(0.1, 1 - steps / 100_000))) or by "
+                "assigning stream.exploration", RuntimeWarning, stacklevel=2)
 
     def sample(self) -> list[np.ndarray] | SampleBatch:
         """One batch, without requesting new environment steps (thread-safe)."""

@@ -39,13 +39,7 @@ class Sampling:
             transitions per inserted one, with a
             :class:`~expreplay.stream.ratelimit.SampleToInsertRatio` limiter (a fractional ratio,
             e.g. 0.5, is fine).
-        n_step (int): rewards summed per transition (n-step returns, >= 1). With ``n_step > 1``
-            or a prioritized memory the batches are :class:`~expreplay.storage.memory.SampleBatch`
-            tuples ``(state, action, reward, next_state, discount, is_over, indices,
-            weights)``: the target is ``reward + discount * Q(next_state)``, ``discount`` being
-            ``gamma ** k`` for the k steps taken and 0 after a terminal step (see
-            :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`). Otherwise they keep
-            tensorpack's ``[comb_state, action, reward, isOver]``.
+        n_step (int): rewards summed per transition (n-step returns, >= 1).
         gamma (float): the discount of the n-step sums, in (0, 1].
         beta (float or callable): importance-sampling exponent of prioritized replay in [0, 1],
             or a schedule ``beta(k)`` of the batch number k (0 for the first batch); None:
@@ -55,6 +49,16 @@ class Sampling:
         layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
             ``'NCHW'`` (frames first, for models that transpose on the device).
         seed (int): seeds the draws; None: unseeded.
+        batch_format (str): ``'transitions'``: every batch is a
+            :class:`~expreplay.storage.memory.SampleBatch`, whatever the other settings, with
+            the fields ``state, action, reward, next_state, discount, is_over, indices,
+            weights``: the target is ``reward + discount * max_a Q(next_state, a)``,
+            ``discount`` being ``gamma ** k`` for the k steps taken and 0 after a terminal step
+            (see :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`), ``weights`` 1
+            unless prioritized. ``'tensorpack'`` (what :class:`~expreplay.ExpReplay` uses):
+            tensorpack's ``[comb_state, action, reward, isOver]`` (one array of
+            ``history_len + 1`` frames per transition) when ``n_step`` is 1 and the memory is
+            uniform, the SampleBatch otherwise (the 4-list can not carry what is asked).
 
     One stream uses a Sampling (it counts the batches for the ``beta`` schedule); its draws are
     thread-safe.
@@ -63,7 +67,7 @@ class Sampling:
     def __init__(self, batch_size: int, update_frequency: int | None = None, *,
                  samples_per_insert: float | None = None, n_step: int = 1, gamma: float = 0.99,
                  beta: Beta = None, weight_norm: str = 'memory', layout: str = 'NHWC',
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, batch_format: str = 'transitions') -> None:
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
         self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
         self.update_frequency: int | None
@@ -92,6 +96,7 @@ class Sampling:
         self.weight_norm = check_choice(weight_norm, 'weight_norm', ('memory', 'batch'))
         self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         self.seed = check_seed(seed, 'seed')
+        self.batch_format = check_choice(batch_format, 'batch_format', ('transitions', 'tensorpack'))
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()     # the rng and the batch count: any thread may draw
         self.batches_sampled = 0          # named batches drawn (the beta schedule's k)
@@ -105,9 +110,9 @@ class Sampling:
         return max(1, math.ceil(self.batch_size / self.samples_per_insert))
 
     def named_batches(self, memory: ReplayMemory) -> bool:
-        """Whether batches from ``memory`` are SampleBatch tuples (n-step or prioritized) rather
-        than tensorpack's 4-list, which can not carry what is asked."""
-        return self.n_step > 1 or memory.prioritized
+        """Whether batches from ``memory`` are SampleBatch tuples rather than tensorpack's
+        4-list (``batch_format='tensorpack'`` with 1-step returns from a uniform memory)."""
+        return self.batch_format == 'transitions' or self.n_step > 1 or memory.prioritized
 
     def rate_limiter(self, per_request: int) -> SampleToInsertRatio | None:
         """The limiter for ``samples_per_insert`` (None for ``update_frequency``): a request

@@ -216,14 +216,14 @@ class FailingMemory(ReplayMemory):
 
     fail_at = 7
 
-    def sample_batch(self, *args, **kwargs):
+    def sample(self, *args, **kwargs):   # what a stream's batches come from
         self.calls = getattr(self, 'calls', 0) + 1
         if self.calls == self.fail_at:
             try:
                 raise IndexError('slot -10')
             except IndexError as err:
                 raise RuntimeError('gather failed') from err
-        return super().sample_batch(*args, **kwargs)
+        return super().sample(*args, **kwargs)
 
 
 @pytest.mark.parametrize('prefetch', [0, 3])

@@ -66,7 +66,7 @@ POPULATION_ARGS = {'num_parallel_players': 'num_players', 'exploration': 'explor
 SAMPLING_ARGS = {'batch_size': 'batch_size', 'update_frequency': 'update_frequency',
                  'samples_per_insert': 'samples_per_insert', 'n_step': 'n_step',
                  'gamma': 'gamma', 'beta': 'beta', 'weight_norm': 'weight_norm',
-                 'layout': 'layout', 'seed': 'seed'}
+                 'layout': 'layout', 'seed': 'seed', 'batch_format': 'batch_format'}
 
 
 def make_stream(factory, predictor=None, memory=None, **kwargs):
@@ -109,14 +109,12 @@ def test_batches_are_right_end_to_end(layout, env_cls, prefetch):
         assert len(stream.memory) == 0
         batches = take(iter(stream), 60)
         assert len(stream.memory) >= 100
-    for comb_state, action, reward, is_over in batches:
-        if layout == 'NHWC':
-            assert comb_state.shape == (16, 6, HISTORY + 1)
-        else:
-            assert comb_state.shape == (16, HISTORY + 1, 6)
-        assert comb_state.dtype == np.uint8 and reward.dtype == np.float32 and is_over.dtype == bool
-        assert np.issubdtype(action.dtype, np.integer)
-        assert check_batch([comb_state, action, reward, is_over], factory.envs, HISTORY, layout) == 16
+    for batch in batches:
+        shape = (16, 6, HISTORY) if layout == 'NHWC' else (16, HISTORY, 6)
+        assert batch.state.shape == batch.next_state.shape == shape
+        assert batch.state.dtype == np.uint8 and batch.reward.dtype == np.float32
+        assert batch.is_over.dtype == bool and np.issubdtype(batch.action.dtype, np.integer)
+        assert check_batch(batch, factory.envs, HISTORY, layout) == 16
     assert our_threads() == []
 
 
@@ -276,8 +274,7 @@ def test_memory_argument_and_sample():
         stream.start()
         assert stream.memory is memory and len(memory) >= 40
         written = memory.num_steps_written
-        comb_state = stream.sample()[0]
-        assert comb_state.shape == (16, 6, HISTORY + 1)
+        assert stream.sample().state.shape == (16, 6, HISTORY)
         assert memory.num_steps_written == written   # sample() requests no steps
 
 
@@ -312,9 +309,9 @@ def test_first_frames_of_a_batch_are_real_observations():
     # A cheap sanity check of what the example and README promise: the newest state frame of
     # every sampled transition is a real observation, never padding.
     with make_stream(EnvFactory(), init_memory_size=60) as stream:
-        comb_state = next(iter(stream))[0]
-    for frames in np.moveaxis(comb_state, -1, 1):
-        assert decode(frames[-2]) is not None and decode(frames[-1]) is not None
+        batch = next(iter(stream))
+    for state, next_state in zip(np.moveaxis(batch.state, -1, 1), np.moveaxis(batch.next_state, -1, 1)):
+        assert decode(state[-1]) is not None and decode(next_state[-1]) is not None
 
 
 def test_numpy_example_runs():

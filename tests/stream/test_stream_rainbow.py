@@ -147,10 +147,30 @@ def test_bad_rainbow_arguments(kwargs, error, name):
         make_stream(EnvFactory(), **kwargs)
 
 
-def test_plain_stream_keeps_the_tensorpack_batch():
-    factory = EnvFactory()
-    with make_stream(factory, gamma=0.9) as stream:
+def test_one_batch_type_whatever_the_settings():
+    # The same SampleBatch fields from a plain 1-step uniform stream as from n-step and
+    # prioritized ones: a training loop written for one works for the others.
+    for settings in ({}, {'n_step': 3}, {'prioritized': True}):
+        with make_stream(EnvFactory(), gamma=0.9, **settings) as stream:
+            batch = next(iter(stream))
+        assert isinstance(batch, SampleBatch), settings
+        assert batch.state.shape == batch.next_state.shape == (16, 6, HISTORY)
+    with make_stream(EnvFactory(), gamma=0.9) as stream:
+        batch = next(iter(stream))
+    np.testing.assert_array_equal(batch.weights, 1.0)
+    np.testing.assert_allclose(batch.discount, np.where(batch.is_over, 0.0, 0.9))
+
+
+def test_tensorpack_format_keeps_the_4_list():
+    with make_stream(EnvFactory(), gamma=0.9, batch_format='tensorpack') as stream:
         batch = next(iter(stream))
     assert isinstance(batch, list) and len(batch) == 4
+    assert batch[0].shape == (16, 6, HISTORY + 1)
+    with make_stream(EnvFactory(), n_step=2, batch_format='tensorpack') as stream:
+        assert isinstance(next(iter(stream)), SampleBatch)   # the 4-list can not carry n-step
+    with pytest.raises(ValueError, match='batch_format'):
+        make_stream(EnvFactory(), batch_format='comb')
+    with make_stream(EnvFactory(), gamma=0.9) as stream:
+        batch = next(iter(stream))
     with pytest.raises(ValueError, match='prioritized'):
         stream.update_priorities([0], [1.0])

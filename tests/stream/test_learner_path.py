@@ -1,0 +1,72 @@
+"""What a learner written against the stream gets right without knowing the library: epsilon
+given once as a schedule, and a warning when the players never use the Q-function."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from expreplay import Population
+from expreplay.stream import replay_stream
+from test_stream import EnvFactory, make_stream, our_threads, prefer
+
+
+def test_an_exploration_schedule_is_read_at_the_steps_stored():
+    seen = []
+
+    def schedule(steps):
+        seen.append(steps)
+        return 1.0 if steps < 150 else 0.0
+
+    with make_stream(EnvFactory(), prefer(1), exploration=schedule, init_memory_size=100,
+                     prefetch=0) as stream:
+        assert stream.exploration == 1.0           # before the start: the schedule at 0 steps
+        batches = iter(stream)
+        for _ in range(40):                        # 4 steps per batch: past 150 steps stored
+            next(batches)
+        assert stream.exploration == 0.0
+        stream.reset_stats()
+        for _ in range(20):
+            next(batches)
+        stats = stream.stats()
+    # The schedule was read with the growing step count, and once it said 0 every action was greedy.
+    assert seen == sorted(seen) and seen[-1] >= 150
+    assert stats['greedy_fraction'] == pytest.approx(1.0)
+    assert our_threads() == []
+
+
+def test_assigning_a_number_replaces_the_schedule():
+    population = Population(EnvFactory(), 1, exploration=lambda steps: 0.5)
+    assert population.exploration == 0.5 and population.exploration_schedule is not None
+    population.exploration = 0.2
+    assert population.exploration == 0.2 and population.exploration_schedule is None
+
+
+@pytest.mark.parametrize('bad', [lambda steps: 1.5, lambda steps: -0.1])
+def test_a_schedule_out_of_range_is_refused_naming_exploration(bad):
+    with pytest.raises(ValueError, match='exploration'):
+        Population(EnvFactory(), 1, exploration=bad)
+
+
+@pytest.mark.parametrize('exploration, predictor, warns', [
+    (1.0, prefer(1), True),        # a Q-function that is never used: the forgotten epsilon
+    (0.5, prefer(1), False),
+    (1.0, None, False),            # no Q-function: random play is all there can be
+])
+def test_a_stream_that_only_plays_at_random_warns_once(monkeypatch, exploration, predictor, warns):
+    monkeypatch.setattr(replay_stream, 'RANDOM_PLAY_WARNING_BATCHES', 30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        with make_stream(EnvFactory(), predictor, exploration=exploration, prefetch=0) as stream:
+            batches = iter(stream)
+            for _ in range(29):
+                next(batches)
+            assert not [w for w in caught if 'exploration 1.0' in str(w.message)]
+            for _ in range(40):
+                next(batches)
+    random_play = [w for w in caught if 'exploration 1.0' in str(w.message)]
+    assert len(random_play) == (1 if warns else 0)
+    if warns:
+        assert issubclass(random_play[0].category, RuntimeWarning)
+        assert 'Population(exploration=' in str(random_play[0].message)
+    np.testing.assert_equal(our_threads(), [])
