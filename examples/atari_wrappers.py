@@ -23,14 +23,9 @@ is stored once instead of four times.
 sub-environments step in native threads that release the GIL, which Python threads can not do.
 """
 
-if __name__ == '__main__':
-    # A module the examples import, not a program: --help says so.
-    import argparse
-    argparse.ArgumentParser(
-        description=__doc__, epilog='This module is imported by examples/dqn_atari.py; run that.',
-        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
-    raise SystemExit('atari_wrappers.py is imported by examples/dqn_atari.py; run that '
-                     '(--help for its options).')
+if __name__ == '__main__':   # a module the examples import, not a program: --help says so
+    import module_help
+    module_help.answer(__doc__, 'atari_wrappers.py', 'dqn_atari.py')
 
 import re
 

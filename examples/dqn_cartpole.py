@@ -75,19 +75,18 @@ def parse_args(argv=None):
 if __name__ == '__main__':
     parse_args()   # --help and bad arguments answer before TensorFlow loads (~20 s)
 
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
+from tf_setup import tf   # first: TensorFlow set up (quietly) before tensorpack imports it
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, evaluate,  # noqa: E402
-                       tf, train_until_interrupted)  # (dqn_model sets up TF for tensorpack)
-from tensorpack import (Callback, FeedInput, PeriodicTrigger, PredictConfig, OfflinePredictor,  # noqa: E402
-                        RunOp, ScheduledHyperParamSetter, ObjAttrParam, SimpleTrainer,
-                        SmartInit, TrainConfig, launch_train_with_config, logger)
+from dqn_eval import evaluate  # noqa: E402
+from dqn_model import DQNModel, PrioritizedNStepDQN  # noqa: E402
+from tensorpack import (Callback, FeedInput, OfflinePredictor, PredictConfig,  # noqa: E402
+                        ScheduledHyperParamSetter, SimpleTrainer, SmartInit, TrainConfig,
+                        launch_train_with_config, logger)
 from tensorpack.train.base import StopTraining  # noqa: E402
-
-import expreplay  # noqa: E402
+from tensorpack_dqn import dqn_callbacks, make_replay, train_until_interrupted  # noqa: E402
 
 ENV_ID = 'CartPole-v1'
 STATE_SHAPE = (4,)   # one observation; the memory stores it as one float32 "frame"
@@ -99,19 +98,12 @@ def make_env():
     return gym.make(ENV_ID)   # 500-step time limit: a truncation, which the memory bootstraps
 
 
-class RainbowReplayModel(PrioritizedNStepMixin, DQNModel):
-    """DQNModel trained on n-step, prioritized batches."""
-
-
 def build_model(args):
-    if args.prioritized or args.n_step > 1:
-        return RainbowReplayModel(
-            STATE_SHAPE, HISTORY, args.algo, NUM_ACTIONS, network='mlp', state_dtype='float32',
-            hidden=(args.hidden, args.hidden), learning_rate=args.lr, optimizer='adam',
-            reward_clip=None, grad_clip=10.0)
-    return DQNModel(STATE_SHAPE, HISTORY, args.algo, NUM_ACTIONS, network='mlp', state_dtype='float32',
-                    hidden=(args.hidden, args.hidden), gamma=args.gamma, learning_rate=args.lr,
-                    optimizer='adam', reward_clip=None, grad_clip=10.0)
+    rainbow = args.prioritized or args.n_step > 1   # n-step / prioritized batches
+    return (PrioritizedNStepDQN if rainbow else DQNModel)(
+        STATE_SHAPE, HISTORY, args.algo, NUM_ACTIONS, network='mlp', state_dtype='float32',
+        hidden=(args.hidden, args.hidden), gamma=args.gamma, learning_rate=args.lr,
+        optimizer='adam', reward_clip=None, grad_clip=10.0)
 
 
 class GreedyEvaluation(Callback):
@@ -161,25 +153,11 @@ def train(args):
     logger.set_logger_dir(args.logdir, action='d')
     tf.set_random_seed(args.seed)
     model = build_model(args)
-    replay = expreplay.ExpReplay(
-        predictor_io_names=(['state'], ['Qvalue']),
-        get_player=make_env,
-        num_parallel_players=args.players,
-        state_shape=STATE_SHAPE,
-        batch_size=args.batch_size,
-        memory_size=args.memory_size,
-        init_memory_size=args.init_memory_size,
-        update_frequency=args.update_frequency,
-        history_len=HISTORY,
-        state_dtype='float32',
-        seed=args.seed,
-        n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized, alpha=args.alpha,
-        # beta: annealed to 1 over the step budget (one batch per uf env steps).
-        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency
-                            / args.steps)) if args.prioritized else None,
-    )
-    evaluation = GreedyEvaluation(replay, args)
     uf = args.update_frequency
+    replay = make_replay(args, get_player=make_env, players=args.players, state_shape=STATE_SHAPE,
+                         history=HISTORY, dtype='float32', init_memory_size=args.init_memory_size,
+                         training_steps=args.steps / uf, gamma=args.gamma)
+    evaluation = GreedyEvaluation(replay, args)
     config = TrainConfig(
         model=model,
         # FeedInput, not QueueInput: QueueInput prefetches 50 batches, which would both train on
@@ -187,22 +165,17 @@ def train(args):
         # A tiny MLP trains fast enough that prefetching buys nothing.
         data=FeedInput(replay),
         callbacks=[
-            replay,   # fills the memory before training, logs training scores every epoch
-            # run_before=True (the default): the target starts equal to the online network.
-            PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=False),
-                            every_k_steps=args.target_update),
-            # Epsilon 1 -> final over exploration_steps env steps; the schedule counts
-            # training steps (one per uf env steps), hence the division.
-            ScheduledHyperParamSetter(
-                ObjAttrParam(replay, 'exploration'),
-                [(0, 1.0), (max(1, args.exploration_steps // uf), args.final_exploration)],
-                interp='linear', step_based=True),
+            # The replay (it fills the memory before training), the target network copied every
+            # --target-update training steps, epsilon 1 -> final over --exploration-steps.
+            *dqn_callbacks(replay, target_update=args.target_update, update_frequency=uf,
+                           epsilon=[(0, 1.0), (args.exploration_steps, args.final_exploration)],
+                           prioritized=args.prioritized),
             ScheduledHyperParamSetter(
                 'learning_rate',
                 [(0, args.lr), (max(1, args.steps // uf), args.lr * args.final_lr_fraction)],
                 interp='linear', step_based=True),
             evaluation,
-        ] + ([PriorityFeedback(replay)] if args.prioritized else []),
+        ],
         session_init=SmartInit(args.load) if args.load else None,
         steps_per_epoch=1000,
         max_epoch=10**6,   # the evaluation callback stops training

@@ -64,16 +64,20 @@ GAMES = {'asterix': 'Asterix', 'breakout': 'Breakout', 'freeway': 'Freeway',
          'seaquest': 'Seaquest', 'space_invaders': 'SpaceInvaders'}
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` keeps the description's lines as written and shows every flag's default."""
+
+
 def argument_parser(description=__doc__):
     """The agent's flags (the paper's values as defaults); dqn_minatar_tensorpack.py adds its own."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--game', choices=sorted(GAMES), default='breakout')
+    p = argparse.ArgumentParser(description=description, formatter_class=HelpFormatter)
+    p.add_argument('--game', choices=sorted(GAMES), default='breakout', help='the MinAtar game')
     p.add_argument('--seed', type=int, default=0, help='seeds the network, the sampling and the env')
     p.add_argument('--frames', type=int, default=5_000_000, help='environment steps, the fill included')
     p.add_argument('--memory-size', type=int, default=100_000, help='replay memory capacity')
     p.add_argument('--replay-start', type=int, default=5_000,
                    help='random-policy frames before the first update')
-    p.add_argument('--batch-size', type=int, default=32)
+    p.add_argument('--batch-size', type=int, default=32, help='transitions per update')
     p.add_argument('--update-frequency', type=int, default=1,
                    help='frames per update (the paper: 1; the replay ratio is batch/this)')
     p.add_argument('--target-update', type=int, default=1_000,
@@ -102,8 +106,22 @@ def parse_args(argv=None):
     return argument_parser().parse_args(argv)
 
 
+def describe(args):
+    """One line naming the game and the settings, printed before anything else happens."""
+    replay = (f"prioritized replay (alpha {args.alpha}, beta {args.beta} -> 1)" if args.prioritized
+              else "uniform replay") + (f", {args.n_step}-step returns" if args.n_step > 1 else "")
+    return (f"MinAtar {GAMES[args.game]}, seed {args.seed}: {args.frames:,} frames, memory "
+            f"{args.memory_size:,}, batch {args.batch_size}, an update every {args.update_frequency} "
+            f"frame(s) after {args.replay_start:,} random ones, target copied every "
+            f"{args.target_update:,} updates, epsilon 1 -> {args.final_exploration} over "
+            f"{args.exploration_frames:,} frames, step size {args.lr}, {replay}")
+
+
 if __name__ == '__main__':
-    parse_args()   # --help and bad arguments answer before MinAtar loads (it imports seaborn)
+    # --help and bad arguments answer, and the run says what it does, before MinAtar loads (it
+    # imports seaborn and pandas: seconds).
+    _args = parse_args()
+    print(f"{describe(_args)}; a progress line every {_args.log_every:g} s", flush=True)
 
 import gymnasium as gym  # noqa: E402
 import minatar.gym  # noqa: E402

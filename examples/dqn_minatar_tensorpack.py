@@ -32,7 +32,7 @@ F frames, G games, S training steps, memory M transitions``, then ``--eval-episo
 import os
 import time
 
-from dqn_minatar import EpisodeLog, argument_parser, evaluate, make_env
+from dqn_minatar import EpisodeLog, argument_parser, describe, evaluate, make_env
 
 
 def parse_args(argv=None):
@@ -49,19 +49,16 @@ def parse_args(argv=None):
 if __name__ == '__main__':
     parse_args()   # --help and bad arguments answer before TensorFlow loads
 
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')   # before TensorFlow is imported
+from tf_setup import tf   # first: TensorFlow set up (quietly) before tensorpack imports it
 
 import numpy as np  # noqa: E402
-from dqn_model import (DQNModel, PrioritizedNStepMixin, PriorityFeedback, ProgressLog,  # noqa: E402
-                       tf, train_until_interrupted)   # (dqn_model sets up TF for tensorpack)
-from tensorpack import (Callback, FeedInput, ObjAttrParam, PeriodicTrigger, RunOp,  # noqa: E402
-                        ScheduledHyperParamSetter, SimpleTrainer, TrainConfig,
+from dqn_model import DQNModel, PrioritizedNStepMixin  # noqa: E402
+from tensorpack import (Callback, FeedInput, SimpleTrainer, TrainConfig,  # noqa: E402
                         launch_train_with_config, logger)
 from tensorpack.models import Conv2D, FullyConnected  # noqa: E402
 from tensorpack.tfutils.scope_utils import auto_reuse_variable_scope  # noqa: E402
 from tensorpack.train.base import StopTraining  # noqa: E402
-
-import expreplay  # noqa: E402
+from tensorpack_dqn import ProgressLog, dqn_callbacks, make_replay, train_until_interrupted  # noqa: E402
 
 
 def torch_default_init(fan_in):
@@ -163,55 +160,36 @@ def train(args):
     """Train for ``args.frames`` frames; returns the frames, games, training steps and memory
     size at the end (and the greedy scores, with ``--eval-episodes``): empty if stopped early."""
     logger.set_logger_dir(args.logdir, action='d')
+    logger.info(describe(args))
     tf.set_random_seed(args.seed)
     probe = make_env(args.game)
     channels, num_actions = probe.observation_space.shape[-1], probe.action_space.n
     probe.close()
     uf = args.update_frequency
     episodes = EpisodeLog(args.returns)
-    replay = expreplay.ExpReplay(
-        predictor_io_names=(['state'], ['Qvalue']),
-        get_player=lambda: make_env(args.game),
-        num_parallel_players=1,   # the paper's one env, stepped inline by FeedInput's next()
-        state_shape=(10, 10, channels),
-        batch_size=args.batch_size,
-        memory_size=args.memory_size,
-        init_memory_size=args.replay_start,
-        update_frequency=uf,
-        history_len=1,
-        state_dtype='bool',
-        seed=args.seed,
+    replay = make_replay(
+        args, get_player=lambda: make_env(args.game),
+        players=1,   # the paper's one env, stepped inline by FeedInput's next()
+        state_shape=(10, 10, channels), history=1, dtype='bool', init_memory_size=args.replay_start,
+        training_steps=args.frames / uf, gamma=args.gamma, weight_norm=args.weight_norm,
         # The paper alternates a frame and an update: drawn ahead, batches would let the env
         # run ahead of the learner's weights.
-        prefetch=0,
-        on_episode_end=episodes,
-        n_step=args.n_step, gamma=args.gamma, prioritized=args.prioritized, alpha=args.alpha,
-        weight_norm=args.weight_norm,
-        # beta: annealed to 1 over the run (training step k comes after k * uf frames).
-        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * uf / args.frames))
-        if args.prioritized else None)
+        prefetch=0, on_episode_end=episodes)
     budget = FrameBudget(replay, episodes, args)
     model = (PrioritizedNStepMinAtarDQN if args.prioritized or args.n_step > 1 else MinAtarDQN)(
         channels, num_actions, args)
+    # The replay (it fills the memory before training, reports the games every epoch), the
+    # target network copied every --target-update updates, epsilon 1 -> final over the
+    # exploration frames after the fill (the first training step comes right after it).
+    replay_callbacks = dqn_callbacks(
+        replay, target_update=args.target_update, update_frequency=uf, prioritized=args.prioritized,
+        epsilon=[(0, 1.0), (args.exploration_frames, args.final_exploration)])
     config = TrainConfig(
         model=model,
         # FeedInput, not QueueInput: QueueInput's 50 queued batches would step the env 50
         # updates ahead of the learner, where the paper alternates a frame and an update.
         data=FeedInput(replay),
-        callbacks=[
-            replay,   # fills the memory before training, reports the games every epoch
-            ProgressLog(replay, every=args.log_every, first=15),
-            # run_before=True (the default): the target starts equal to the online network.
-            PeriodicTrigger(RunOp(DQNModel.update_target_param, verbose=False),
-                            every_k_steps=args.target_update),
-            # Epsilon 1 -> final over the exploration frames after the fill; the schedule
-            # counts training steps (one per uf frames, the first right after the fill).
-            ScheduledHyperParamSetter(
-                ObjAttrParam(replay, 'exploration'),
-                [(0, 1.0), (max(1, args.exploration_frames // uf), args.final_exploration)],
-                interp='linear', step_based=True),
-            budget,
-        ] + ([PriorityFeedback(replay)] if args.prioritized else []),
+        callbacks=[*replay_callbacks, ProgressLog(replay, every=args.log_every, first=15), budget],
         steps_per_epoch=min(args.steps_per_epoch, budget.steps),
         max_epoch=10**9,   # FrameBudget stops the training
     )

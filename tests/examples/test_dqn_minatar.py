@@ -8,6 +8,7 @@ terminal flags lost) leaves the greedy policy near the random one's score, and t
 """
 
 import os
+import subprocess
 import sys
 import warnings
 
@@ -66,6 +67,34 @@ def test_centred_rmsprop_follows_pytorchs_formula():
         mean = 0.9 * mean + 0.1 * g
         expected -= 0.1 * g / (np.sqrt(sq - mean ** 2) + 0.01)
         np.testing.assert_allclose(param, expected, rtol=1e-12)
+
+
+def test_help_shows_every_default():
+    parser = dqn_minatar.argument_parser()
+    text = ' '.join(parser.format_help().split())        # the lines as one, however wrapped
+    flags = [a for a in parser._actions if a.option_strings != ['-h', '--help']]
+    assert len(flags) >= 20
+    for action in flags:
+        shown = f"{action.help} (default: {action.default})"
+        assert shown in text, (action.option_strings, text)
+    assert '--frames FRAMES environment steps, the fill included (default: 5000000)' in text
+    # The description keeps its lines as written.
+    assert '\n    python examples/dqn_minatar.py --game breakout ' in parser.format_help()
+
+
+def test_first_line_names_the_game_and_settings_before_minatar_loads(tmp_path):
+    """The script's first line comes before anything slow: with MinAtar made unimportable the
+    line is printed all the same, and only then does the import fail."""
+    (tmp_path / 'minatar').mkdir()
+    (tmp_path / 'minatar' / '__init__.py').write_text("raise ImportError('stand-in: not loaded')\n")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, 'examples', 'dqn_minatar.py'),
+                          '--game', 'space_invaders', '--frames', '1000'],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT])))
+    assert out.returncode != 0 and 'stand-in: not loaded' in out.stderr, out.stderr[-2000:]
+    first = out.stdout.splitlines()[0]
+    assert first.startswith('MinAtar SpaceInvaders, seed 0: 1,000 frames, memory 100,000, batch 32')
+    assert 'uniform replay; a progress line every 30 s' in first, first
 
 
 def test_epsilon_schedule_is_the_papers():

@@ -119,8 +119,9 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
     """Ctrl-C in the middle of training: no traceback, no "nanobind: leaked ... ALEInterface",
     one line saying what is saved where; the memory is saved (complete, no temp file left)."""
     logdir = tmp_path / 'pong'
+    # Single-env players (the other Atari runs use the default vector env).
     line = assert_stopped_cleanly(*interrupt_example(
-        tmp_path, 'dqn_atari.py', [*ATARI_SMOKE, '--logdir', logdir, '--players', 2,
+        tmp_path, 'dqn_atari.py', [*ATARI_SMOKE, '--logdir', logdir, '--players', 2, '--vector', 0,
                                    '--max-epoch', 1000, '--eval-every', 0], 'Start Epoch 2'))
     assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
     assert 'continue with --resume' in line
@@ -154,6 +155,7 @@ def fake_previous_run(logdir):
 
 
 def test_atari_refuses_a_logdir_that_holds_a_previous_run(tmp_path):
+    import atari_run
     import dqn_atari
     logdir = tmp_path / 'pong'
     before = fake_previous_run(logdir)
@@ -161,7 +163,7 @@ def test_atari_refuses_a_logdir_that_holds_a_previous_run(tmp_path):
     args = dqn_atari.parse_args(['--env', 'ALE/Pong-v5', '--memory-size', '200000',
                                  '--logdir', str(logdir)])
     with pytest.raises(SystemExit) as info:
-        dqn_atari.prepare_logdir(args)
+        atari_run.prepare_logdir(args)
     message = str(info.value)
     assert str(logdir) in message and 'a model checkpoint, a replay memory, 2 other files' in message
     for how in ('--resume', '--logdir', '--overwrite'):
@@ -170,19 +172,32 @@ def test_atari_refuses_a_logdir_that_holds_a_previous_run(tmp_path):
 
 
 def test_atari_overwrite_and_resume_decide_what_happens_to_a_previous_run(tmp_path, monkeypatch):
+    import atari_run
     import dqn_atari
     actions = []
     monkeypatch.setattr(dqn_atari.logger, 'set_logger_dir', lambda d, action: actions.append(action))
     logdir = tmp_path / 'pong'
     fake_previous_run(logdir)
-    dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--overwrite']))
-    dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--resume']))
-    dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(tmp_path / 'new')]))
+    atari_run.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--overwrite']))
+    atari_run.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--resume']))
+    atari_run.prepare_logdir(dqn_atari.parse_args(['--logdir', str(tmp_path / 'new')]))
     assert actions == ['d', 'k', 'k']    # tensorpack deletes only for the --overwrite
     with pytest.raises(SystemExit, match='nothing to resume'):
-        dqn_atari.prepare_logdir(dqn_atari.parse_args(['--logdir', str(tmp_path / 'new'), '--resume']))
+        atari_run.prepare_logdir(dqn_atari.parse_args(['--logdir', str(tmp_path / 'new'), '--resume']))
     with pytest.raises(SystemExit):
         dqn_atari.parse_args(['--resume', '--overwrite'])
+
+
+def test_atari_players_default_to_the_vector_env():
+    """ale-py's vector env (it steps outside the GIL) unless asked otherwise."""
+    import dqn_atari
+    args = dqn_atari.parse_args([])
+    assert (args.vector, args.players) == (4, 2)
+    args = dqn_atari.parse_args(['--vector', '0'])
+    assert (args.vector, args.players) == (0, 3)
+    assert dqn_atari.parse_args(['--vector', '8', '--players', '1']).players == 1
+    with pytest.raises(SystemExit):
+        dqn_atari.parse_args(['--vector', '-1'])
 
 
 def atari_epsilon(step, exploration_steps, update_frequency=4):
@@ -240,7 +255,7 @@ def test_progress_log_reports_agent_steps_games_and_epsilon():
     `every` seconds, nothing in between."""
     import logging
 
-    from dqn_model import ProgressLog
+    from tensorpack_dqn import ProgressLog
 
     clock = types.SimpleNamespace(now=100.0)
     mem = types.SimpleNamespace(num_steps_written=1000)
@@ -358,7 +373,7 @@ def test_atari_preprocessing_steps_the_emulator_as_the_wrapped_env_does(game):
 
 def test_evaluator_stacks_history_like_the_memory():
     """The evaluator feeds the network the states the memory trains it on."""
-    from dqn_model import HistoryStack
+    from dqn_eval import HistoryStack
     from expreplay import ReplayMemory
     mem = ReplayMemory(100, (2,), 3, 'float32')
     w = mem.new_writer()

@@ -1,6 +1,7 @@
-"""The tensorpack side of prioritized n-step replay (examples/dqn_model.py): the mixin's
-per-sample |TD| and weighted loss, checked against numpy on the tensors of each training step,
-and PriorityFeedback writing them back as the memory's priorities."""
+"""The tensorpack side of prioritized n-step replay (examples/dqn_model.py and
+examples/tensorpack_dqn.py): the mixin's per-sample |TD| and weighted loss, checked against numpy
+on the tensors of each training step, and PriorityFeedback writing them back as the memory's
+priorities."""
 
 import os
 import sys
@@ -17,7 +18,8 @@ pytest.importorskip('tensorpack')
 @pytest.mark.timeout(300)
 def test_td_errors_and_loss_and_priority_feedback(tmp_path):
     import gymnasium as gym
-    from dqn_model import DQNModel, PrioritizedNStepMixin, PriorityFeedback, tf
+    from dqn_model import DQNModel, PrioritizedNStepMixin, tf
+    from tensorpack_dqn import PriorityFeedback
     from tensorpack import (Callback, FeedInput, SimpleTrainer, TrainConfig,
                             launch_train_with_config, logger)
 
