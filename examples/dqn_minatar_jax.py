@@ -21,8 +21,8 @@ the transition and draws the next batch. The players act with the weights of the
 *before* the one computing (one update older than the paper's loop, out of millions), on an
 acting device of their own, so that a greedy action never queues behind the update: on a CPU
 a second host device (``XLA_FLAGS=--xla_force_host_platform_device_count=2``, set below
-unless you set XLA_FLAGS), on a GPU the host CPU. ``prefetch=0``: a prefetch thread would
-compete with this loop for the GIL and the cores and gain nothing.
+unless you set XLA_FLAGS), on a GPU the host CPU. No prefetch thread (the stream's default
+with one player): it would compete with this loop for the GIL and the cores.
 
 On a GPU: ``pip install 'jax[cuda12]'``; nothing else changes.
 
@@ -278,7 +278,7 @@ def train(args):
         Sampling(args.batch_size, update_frequency=1, n_step=args.n_step, gamma=args.gamma,
                  seed=seed, beta=(lambda k: min(1.0, 0.4 + 0.6 * (resumed_updates + k) / args.frames))
                  if args.prioritized else None),
-        init_memory_size=args.replay_start, prefetch=0, progress=False,
+        init_memory_size=args.replay_start, progress=False,   # one player: no prefetch thread
         checkpoint_dir=args.checkpoint_dir and os.path.join(args.checkpoint_dir, 'memory'))
 
     print(f"DQN (JAX) on MinAtar {GAMES[args.game]}: {args.frames} frames, seed {args.seed}, "

@@ -68,7 +68,7 @@ from ._checks import check_dtype, check_int  # noqa: E402
 from .acting.population import Population  # noqa: E402
 from .storage.memory import ReplayMemory  # noqa: E402
 from .stream.checkpoint import MemoryCheckpoint  # noqa: E402
-from .stream.replay_stream import DEFAULT_PREFETCH, ReplayStream  # noqa: E402
+from .stream.replay_stream import ReplayStream  # noqa: E402
 from .stream.sampling import Sampling  # noqa: E402
 
 __all__ = ['ExpReplay']
@@ -175,7 +175,7 @@ class ExpReplay(DataFlow, Callback):
         episode_log_dir (str): the Population's, where ``episodes.jsonl`` is written. None
             (default): tensorpack's log directory (``logger.get_logger_dir()``, read when
             training starts), if one is set; False: no episode log.
-        prefetch (int): the ReplayStream's.
+        prefetch (int): the ReplayStream's (None: 0 with one player, 4 with several).
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,
@@ -205,7 +205,7 @@ class ExpReplay(DataFlow, Callback):
                  gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
                  priority_eps: float = 1e-6, beta: Any = None, weight_norm: str = 'memory',
                  samples_per_insert: float | None = None,
-                 prefetch: int = DEFAULT_PREFETCH) -> None:
+                 prefetch: int | None = None) -> None:
         predictor = self._take_predictor(predictor_io_names)
         if checkpoint_every_k_epochs is not None:
             if checkpoint_dir is None:

@@ -55,7 +55,7 @@ ratio, e.g. 0.5, is fine).
 
 Prefetch
 ========
-With ``prefetch=depth`` (default :data:`DEFAULT_PREFETCH`) a thread of the stream's own
+With ``prefetch=depth`` (by default :data:`DEFAULT_PREFETCH` with several players, 0 with one) a thread of the stream's own
 (``ReplayStream-prefetch``) draws the batches and makes the step requests above, keeping up
 to ``depth`` batches ready: the learner's ``next()`` only takes one, and never waits while
 the memory and the players keep up. What stays exact: the ratio and the staleness bound
@@ -144,7 +144,12 @@ class ReplayStream:
             ``batch_size`` are always collected).
         prefetch (int): batches a thread of the stream's own draws ahead (0: drawn in the
             learner's ``next()``); see "Prefetch" in :mod:`expreplay.stream.replay_stream` for
-            what the depth means for freshness and prioritized replay.
+            what the depth means for freshness and prioritized replay. None (the default):
+            0 when the population has one player, :data:`DEFAULT_PREFETCH` otherwise. One
+            player is stepped by the thread that draws (there is no simulator thread to
+            overlap with), so a prefetch thread would only move that work to a thread that
+            competes with the learner's for the GIL and the cores: with a fast learner on 2
+            cores it made runs slower, never faster (benchmarks/bench_learner.py).
         checkpoint_dir (str): where the memory is saved (:meth:`save_memory`, :meth:`close`).
             When a checkpoint is there and ``memory`` is empty, the checkpoint is loaded in its
             place (it must have ``memory``'s size, frame shape, history, dtype and
@@ -155,7 +160,7 @@ class ReplayStream:
     """
 
     def __init__(self, memory: ReplayMemory, population: Population, sampling: Sampling,
-                 init_memory_size: int = 0, *, prefetch: int = DEFAULT_PREFETCH,
+                 init_memory_size: int = 0, *, prefetch: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  progress: ProgressArg = True) -> None:
         from ..acting.population import Population   # keeps `import expreplay.stream` light
@@ -173,6 +178,8 @@ class ReplayStream:
             raise ValueError(f"init_memory_size ({self.init_memory_size}) and batch_size "
                              f"({sampling.batch_size}) must not exceed the memory's max_size "
                              f"({memory.max_size})")
+        if prefetch is None:
+            prefetch = 0 if population.num_players == 1 else DEFAULT_PREFETCH
         self.prefetch = check_int(prefetch, 'prefetch', 0, allow_float=True)
         self._progress = check_progress(progress)
         self.checkpoint = None if checkpoint_dir is None else MemoryCheckpoint(checkpoint_dir)

@@ -70,3 +70,14 @@ def test_a_stream_that_only_plays_at_random_warns_once(monkeypatch, exploration,
         assert issubclass(random_play[0].category, RuntimeWarning)
         assert 'Population(exploration=' in str(random_play[0].message)
     np.testing.assert_equal(our_threads(), [])
+
+
+@pytest.mark.parametrize('players, depth', [(1, 0), (2, replay_stream.DEFAULT_PREFETCH)])
+def test_the_default_prefetch_draws_in_next_with_one_player(players, depth):
+    # One player is stepped by the drawing thread itself: a prefetch thread would only compete
+    # with the learner's. With several, simulator threads step them and prefetch overlaps.
+    with make_stream(EnvFactory(), num_parallel_players=players) as stream:
+        assert stream.prefetch == depth
+        next(iter(stream))
+        assert (stream.prefetcher is None) == (depth == 0)
+    assert our_threads() == []
