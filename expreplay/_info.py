@@ -4,29 +4,21 @@
 Ray or any other extra (see ``expreplay._extras``).
 """
 
-import importlib
 import platform
 from typing import Any
 
 import numpy as np
 
+from . import _kernels
 from ._extras import EXTRA_MODULES, missing_modules
 
 # The optional C kernels setup.py builds, and what each one speeds up (each falls back to numpy).
-KERNELS = {
-    '_gather_ext': 'the sampler: draws, n-step walks, states gathered in one pass',
-    '_acting_ext': "the write path: add_step and an acting step in one call",
-    '_tree_ext': "the priority tree's draws and updates",
-}
+KERNELS = {name: what for name, (_, what) in _kernels.KERNELS.items()}
 
 
 def _kernel_active(name: str) -> bool:
-    # The same test the modules using a kernel make: they fall back to numpy on ImportError.
-    try:
-        importlib.import_module(f'expreplay.storage.{name}')
-    except ImportError:
-        return False
-    return True
+    # The registry the modules using a kernel ask: they fall back to numpy when it is None.
+    return _kernels.loaded(name) is not None
 
 
 def info() -> dict[str, Any]:

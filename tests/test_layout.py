@@ -212,7 +212,41 @@ def test_the_ownership_check_sees_a_foreign_write(line):
     assert _foreign_writes('self.flags[0] = 1\nring.flags[0]', 'expreplay.acting.lanes') == []
 
 
-@pytest.mark.parametrize('checker', [_oversized, _cycles, _table_writes])
+def _kernel_switches():
+    """Imports of a C kernel (a module named ``*_ext``) outside the registry
+    ``expreplay._kernels``, and tests that switch a kernel off by patching a module instead of
+    the registry's one switch (``numpy_only()``)."""
+    found = []
+    for name, (path, _) in sorted(MODULES.items()):
+        if name == 'expreplay._kernels':
+            continue
+        for node in ast.walk(_tree(path)):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ''] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and node.value.startswith('expreplay.') and node.value.endswith('_ext'):
+                names = [node.value]
+            if any(n.split('.')[-1].endswith('_ext') for n in names):
+                found.append(f'{name}:{node.lineno} imports a kernel')
+    tests = os.path.join(ROOT, 'tests')
+    for folder, _, files in os.walk(tests):
+        for file in files:
+            if file.endswith('.py') and os.path.join(folder, file) != os.path.abspath(__file__):
+                with open(os.path.join(folder, file)) as f:
+                    for lineno, line in enumerate(f, 1):
+                        if 'setattr(' in line and ("_ext'" in line or '_ext"' in line):
+                            found.append(f'{file}:{lineno} patches a kernel')
+    return found
+
+
+def test_one_kernel_switch():
+    assert _kernel_switches() == []
+
+
+@pytest.mark.parametrize('checker', [_oversized, _cycles, _table_writes, _kernel_switches])
 def test_the_checks_see_the_package(checker):
     # Guard against a check that passes because it read nothing.
     assert len(MODULES) > 20 and 'expreplay.storage.memory' in MODULES

@@ -85,12 +85,23 @@ class LaneEpisodes:
     def store_fast(self, lanes: np.ndarray, actions: np.ndarray, frames: np.ndarray,
                    rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                    lives: np.ndarray) -> bool:
-        """Write the steps in one C call if none ends an episode, loses a life or changes a
-        memory block; False (nothing written) otherwise."""
-        if not self._writer.add_steps_with_history(
-                lanes, actions, rewards, frames, terminated, truncated, lives, self._history,
-                self._score, self._length, self._lives):
+        """The common step in two C calls, if none ends an episode, loses a life or changes a
+        memory block: the ring's write (:meth:`BatchWriter.try_add_steps`) and the lanes' own
+        bookkeeping (history, score, length, lives: the acting kernel's ``push_steps``, the
+        numpy path's rules of :meth:`store`); False, nothing written, otherwise."""
+        ext = self._history.kernel
+        if ext is None or not ext.lives_kept(lanes, lives, self._lives) \
+                or not self._writer.try_add_steps(lanes, actions, rewards, frames, terminated,
+                                                  truncated):
             return False
+        if ext.push_steps(lanes, frames, rewards, lives, *self._history.buffers(),
+                          self._history.history_len, self._score, self._length, self._lives):
+            # A table the kernel does not take (it checked before changing anything).
+            self._score[lanes] += rewards
+            self._length[lanes] += 1
+            if lives.max() >= 0:
+                self._lives[lanes] = lives
+            self._history.push(lanes, frames)
         if self._observers:
             self._last_actions[lanes] = actions
             self._observe(lanes)

@@ -2,27 +2,20 @@
 
 :class:`EpsilonGreedy` draws, for a batch of lanes, whether each explores and which random
 action it takes, and turns the predictor's Q-values into the greedy lanes' actions. The common
-cases run in the optional C kernel ``expreplay.storage._acting_ext``; setting
-``expreplay.acting.policy._acting_ext`` to None switches them to numpy (what the tests do to check
-both).
+cases run in the optional C kernel ``expreplay.acting._acting_ext``; a policy built inside
+:func:`expreplay._kernels.numpy_only` uses numpy (what the tests do to check both).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .. import _kernels
 from .._checks import check_probability
 from ..errors import PredictorError
-
-_acting_ext: Any
-try:  # optional, built by setup.py when a C compiler is available
-    _acting_ext = importlib.import_module('expreplay.storage._acting_ext')
-except ImportError:
-    _acting_ext = None
 
 __all__ = ['EpsilonGreedy', 'as_q_values', 'check_q_values', 'explorations']
 
@@ -89,19 +82,21 @@ class EpsilonGreedy:
         self._uniforms = np.zeros((num_lanes, _DRAWS, 2))
         self._cursor = np.full(num_lanes, _DRAWS)
         self._eps = np.zeros(1)
+        self._ext = _kernels.get('_acting_ext')
 
     def draw(self, lanes: np.ndarray, eps: float | np.ndarray,
              acting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Draws for ``lanes`` (one probability, or one per lane): ``(random actions, positions
         of the rows that act greedily)``. A lane not ``acting`` (no open episode) never is greedy."""
-        if _acting_ext is not None:
+        ext = self._ext
+        if ext is not None:
             n = len(lanes)
             actions, greedy = np.empty(n, np.int64), np.empty(n, np.int64)
             if not isinstance(eps, np.ndarray):
                 self._eps[0] = eps
                 eps = self._eps
-            g = _acting_ext.draw_actions(lanes, self._uniforms, self._cursor, _DRAWS, eps,
-                                         acting, self.num_actions, actions, greedy)
+            g = ext.draw_actions(lanes, self._uniforms, self._cursor, _DRAWS, eps, acting,
+                                 self.num_actions, actions, greedy)
             if g >= 0:
                 return actions, greedy[:g]
         u = self._uniforms_of(lanes)
@@ -126,6 +121,6 @@ class EpsilonGreedy:
         q = as_q_values(q_values)
         # The kernel checks and acts on the common case (float32/64 Q-values, all finite);
         # anything else goes through the checks, which say what is wrong or convert.
-        if _acting_ext is None or _acting_ext.greedy_actions(q, greedy, actions, self.num_actions):
+        if self._ext is None or self._ext.greedy_actions(q, greedy, actions, self.num_actions):
             q = check_q_values(q, len(greedy), self.num_actions)
             actions[greedy] = q.argmax(axis=1)

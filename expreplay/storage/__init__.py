@@ -6,8 +6,9 @@
 * :mod:`~expreplay.storage.checkpoint`: ``save`` / ``load`` and the checks a loaded file passes;
 * :mod:`~expreplay.storage.stored_episodes`: what :meth:`ReplayMemory.episodes` returns.
 
-The optional C kernels live here too (``_gather_ext``, ``_acting_ext``, ``_tree_ext``); each
-module that uses one falls back to numpy when it is not built.
+The optional C kernels of storage live here too (``_gather_ext``, ``_write_ext``,
+``_tree_ext``); :mod:`expreplay._kernels` lists them, and each module that uses one falls back
+to numpy when it is not built or switched off.
 """
 
 from .checkpoint import CheckpointError

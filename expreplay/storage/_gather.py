@@ -16,10 +16,7 @@ costs about 1.2x the plain gather of its frames (`benchmarks/bench_memory.py`).
 """
 import numpy as np
 
-try:  # optional, built by setup.py when a C compiler is available
-    from . import _gather_ext
-except ImportError:
-    _gather_ext = None  # type: ignore[assignment]
+from .. import _kernels   # the optional C kernel _gather_ext, asked for at each call
 
 LAYOUTS = ('NHWC', 'NCHW')
 
@@ -57,7 +54,9 @@ def gather_frames(frames, idx, layout='NHWC', out=None):
     if layout == 'NCHW':
         np.take(frames, idx, axis=0, out=out, mode='wrap')
     elif gather_kernel_takes(frames, K):
-        _gather_ext.interleave(frames, np.ascontiguousarray(idx, dtype=np.intp), out)
+        ext = _kernels.get('_gather_ext')
+        assert ext is not None
+        ext.interleave(frames, np.ascontiguousarray(idx, dtype=np.intp), out)
     else:
         _gather_nhwc_numpy(frames, idx, out)
     return out
@@ -65,14 +64,14 @@ def gather_frames(frames, idx, layout='NHWC', out=None):
 
 def gather_kernel_takes(frames, k):
     """Whether NHWC gathers of ``k`` frames from ``frames`` run in the C kernel."""
-    return (_gather_ext is not None and frames.itemsize == 1 and 2 <= k <= 8
+    return (_kernels.get('_gather_ext') is not None and frames.itemsize == 1 and 2 <= k <= 8
             and frames.flags.c_contiguous)
 
 
 def sampler_takes(frames, k, layout):
     """Whether the memory's C sampler (:class:`Ring`) builds batches of ``k`` frames a row in
     ``layout`` from ``frames``."""
-    if _gather_ext is None:
+    if _kernels.get('_gather_ext') is None:
         return False
     return layout == 'NCHW' or k == 1 or gather_kernel_takes(frames, k)
 
@@ -80,15 +79,18 @@ def sampler_takes(frames, k, layout):
 def Ring(*tables):
     """The replay memory's C sampler bound to its tables (``_gather_ext.Ring``: see its
     ``sample`` and ``comb``); only where :func:`sampler_takes` says the kernel is there."""
-    return _gather_ext.Ring(*tables)
+    ext = _kernels.get('_gather_ext')
+    assert ext is not None
+    return ext.Ring(*tables)
 
 
 def gather_history(frames, idx):
     """:func:`gather_frames` NHWC for indices the caller built itself (in range, intp): the
     acting path's per-step state gather, without the checks that cost as much as the copy."""
     out = np.empty((idx.shape[0],) + frames.shape[1:] + (idx.shape[1],), frames.dtype)
-    if _gather_ext is not None and frames.itemsize == 1 and 2 <= idx.shape[1] <= 8:
-        _gather_ext.interleave(frames, idx, out)
+    ext = _kernels.get('_gather_ext')
+    if ext is not None and frames.itemsize == 1 and 2 <= idx.shape[1] <= 8:
+        ext.interleave(frames, idx, out)
         return out
     return _gather_nhwc_numpy(frames, idx, out)
 

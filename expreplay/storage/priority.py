@@ -10,7 +10,8 @@ fanout (32 by default) keeps the depth at 4 for a million leaves, which is what 
 
 A leaf of value 0 is *absent*: it is never drawn and does not count in the minimum.
 
-The optional C kernel ``expreplay.storage._tree_ext`` (built by setup.py when a compiler is there) runs
+The optional C kernel ``expreplay.storage._tree_ext`` (built by setup.py when a compiler is there;
+see :mod:`expreplay._kernels`) runs
 the descent and the updates: a batch's draw or update in a few microseconds instead of a few
 numpy calls per level. A tree uses it for every operation or (without it) numpy for every one,
 never a mix: an inner node is a function of its children, but the two sum them in a
@@ -29,10 +30,7 @@ from typing import Any
 
 import numpy as np
 
-try:  # optional, built by setup.py when a C compiler is available
-    from . import _tree_ext
-except ImportError:
-    _tree_ext = None  # type: ignore[assignment]
+from .. import _kernels
 
 __all__ = ['SumMinTree', 'PriorityIndex']
 
@@ -68,10 +66,10 @@ class SumMinTree:
         self._min = [np.full(n, np.inf) for n in sizes]
         # The same arrays as rows of siblings, made once (a reshape per call costs as much as
         # the arithmetic on a 64-row batch).
-        self._sum_rows = [None] + [a.reshape(-1, self.fanout) for a in self._sum[1:]]
-        self._min_rows = [None] + [a.reshape(-1, self.fanout) for a in self._min[1:]]
+        self._sum_rows: list[Any] = [None] + [a.reshape(-1, self.fanout) for a in self._sum[1:]]
+        self._min_rows: list[Any] = [None] + [a.reshape(-1, self.fanout) for a in self._min[1:]]
         self._upper = np.triu(np.ones((self.fanout, self.fanout)))
-        self._ext = _tree_ext          # chosen once per tree (see the module docstring)
+        self._ext = _kernels.get('_tree_ext')   # chosen once per tree (module docstring)
         self._sum_levels, self._min_levels = tuple(self._sum), tuple(self._min)
 
     @property

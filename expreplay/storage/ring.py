@@ -56,11 +56,13 @@ ring through :meth:`BlockRing.load_state`, which checks the invariants before th
 The sampler (:mod:`~expreplay.storage.sampling`) only reads. The tables stay public attributes
 for reading (``tests/test_layout.py`` fails on an assignment to one outside this module).
 
-The optional C kernel ``_acting_ext`` is this class's delegated implementation of the common
-write: a ``Store`` bound by :meth:`BlockRing.bind_kernel` to the tables and one writer's
-cursors, called only from :meth:`BlockRing.kernel_step`, :meth:`BlockRing.kernel_start` and
-:meth:`BlockRing.kernel_steps` under the lock; it writes exactly what :meth:`append` /
-:meth:`start` would and declines (changing nothing) whatever it does not handle.
+The optional C kernel ``expreplay.storage._write_ext`` is this class's delegated
+implementation of the common writes: a ``Store`` bound by :meth:`BlockRing.bind_kernel` to the
+tables and one writer's cursors, called only from :meth:`BlockRing.kernel_step`,
+:meth:`BlockRing.kernel_start` and :meth:`BlockRing.kernel_steps` under the lock; it writes
+exactly what :meth:`append` / :meth:`start` would and declines (changing nothing) whatever it
+does not handle. (:func:`expreplay._kernels.numpy_only` switches it off for rings' writers
+bound inside it.)
 """
 
 from __future__ import annotations
@@ -72,14 +74,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import _kernels
 from ._checkpoint_checks import validate
 from ._slots import _ACTIVE, _FREE, _RETIRED, _VALID
 from .priority import PriorityIndex
 
-try:  # optional, built by setup.py when a C compiler is available; looked up at call time
-    from . import _acting_ext
-except ImportError:
-    _acting_ext = None  # type: ignore[assignment]
 
 __all__ = ['BlockRing', 'TABLES', 'EXTRA_PREFIX']
 
@@ -297,54 +296,52 @@ class BlockRing(_LaneGeometry):
             self.priorities.on_publish(slots)
 
     # ------------------------------------------------------------------ the C kernel (delegated)
-    def bind_kernel(self, cursors: tuple[np.ndarray, ...], history: tuple | None = None) -> Any:
+    def bind_kernel(self, cursors: tuple[np.ndarray, ...]) -> Any:
         """The C kernel's ``Store`` bound to these tables and a writer's ``cursors`` (next,
         current slot, its episode step, its offset, block, safe count, its generation: see
-        :class:`~expreplay.storage.writers.BatchWriter`) and optionally an acting group's
-        per-lane ``history`` tables; None when the kernel is not built or switched off."""
-        if _acting_ext is None:
+        :class:`~expreplay.storage.writers.BatchWriter`); None when the kernel is not built or
+        switched off."""
+        ext = _kernels.get('_write_ext')
+        if ext is None:
             return None
         fmt = self.frames[:0].data.format if self.dtype.kind in 'iub' else ''
-        return _acting_ext.Store(
+        return ext.Store(
             (self.frames, self.epstep, self.flags, self.action, self.reward, self.block_fill,
              self.block_gen, self.block_state, self.block_prev_intact),
-            cursors, history, fmt, self.state_shape, self.history_len, self.block_size)
+            cursors, fmt, self.state_shape, self.history_len, self.block_size)
 
     def kernel_step(self, store: Any, action: Any, reward: Any, frame: Any, terminated: Any,
                     truncated: Any) -> bool:
         """One lane's step (``LaneWriter.add_step``'s arguments) by the bound ``store``, as
         :meth:`append` would store it; False, nothing changed, when the kernel declines."""
-        if _acting_ext is None:
-            return False
         with self.lock:
             cur = store.step(action, reward, frame, terminated, truncated)
             if cur < 0:
                 return False
-            self._published(cur, 1, 1)
+            # _published's work for one step, inline: this is the single lane's hot path.
+            self.num_valid += 1
+            self.num_steps_written += 1
+            if self.priorities is not None:
+                self.priorities.on_publish(cur)
         return True
 
     def kernel_start(self, store: Any, frame: Any) -> bool:
         """One lane's first frame of an episode by the bound ``store``, as :meth:`start`
         would store it; False, nothing changed, when the kernel declines."""
-        if _acting_ext is None:
-            return False
         with self.lock:
             return store.start(frame) >= 0
 
     def kernel_steps(self, store: Any, lanes: np.ndarray, actions: np.ndarray,
                      frames: np.ndarray, rewards: np.ndarray, terminated: np.ndarray,
-                     truncated: np.ndarray, lives: np.ndarray, taken: np.ndarray | None,
+                     truncated: np.ndarray, taken: np.ndarray | None,
                      extras: Mapping[str, np.ndarray] | None) -> bool:
-        """An acting step of many lanes by ``store`` (bound with a history): the steps as
-        :meth:`append` would store them (none ending an episode) and the history's companions
-        updated; ``taken``: the lanes' current slots when the ring needs them (extras, a
-        priority tree), which get ``extras`` here under the same hold of the lock. False,
-        nothing changed, when the kernel declines."""
-        if _acting_ext is None:
-            return False
+        """A step of many lanes by the bound ``store``, as :meth:`append` would store them
+        (none ending an episode); ``taken``: the lanes' current slots when the ring needs them
+        (extras, a priority tree), which get ``extras`` here under the same hold of the lock.
+        False, nothing changed, when the kernel declines."""
         with self.lock:
             try:
-                n = store.steps(lanes, actions, frames, rewards, terminated, truncated, lives)
+                n = store.steps(lanes, actions, frames, rewards, terminated, truncated)
             except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
                 return False
             if n < 0:

@@ -9,7 +9,7 @@ stored (I6), which is what lets the n-step window walk forward without checks. A
 under the ring's lock, so no block is evicted under a gather.
 
 The common cases run in the optional C sampler (``expreplay.storage._gather.Ring``, bound once
-to the ring's tables); ``expreplay.storage._gather._gather_ext = None`` switches it off.
+to the ring's tables); :func:`expreplay._kernels.numpy_only` switches it off.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ class Sampler:
 
     def kernel(self, frames: int = 1, layout: str = 'NCHW') -> Any:
         """The C sampler bound to the ring's tables (:func:`expreplay.storage._gather.Ring`), or
-        None: not built, switched off (``expreplay.storage._gather._gather_ext = None``), or a
+        None: not built, switched off (:func:`expreplay._kernels.numpy_only`), or a
         layout it does not take (channels-last needs 1-byte frames, at most 8 a row). The
         defaults ask only whether the kernel is there (for the draw)."""
         ring = self.ring

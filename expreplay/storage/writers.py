@@ -11,9 +11,9 @@ re-exported by :mod:`expreplay.storage.memory`.
 
 The common cases run in the ring's optional C kernel (a ``Store`` the ring binds once to its
 tables and a writer's cursors): a single lane's :meth:`LaneWriter.add_step` and
-:meth:`LaneWriter.start_episode`, and an acting step of many lanes
-(:meth:`BatchWriter.add_steps_with_history`). Setting ``expreplay.storage.ring._acting_ext`` to
-None switches every writer to the numpy path (what the tests do to check both).
+:meth:`LaneWriter.start_episode`, and a step of many lanes (:meth:`BatchWriter.try_add_steps`).
+Writers built inside :func:`expreplay._kernels.numpy_only` take the numpy path (what the tests
+do to check both).
 
 A writer dropped without :meth:`~BatchWriter.close` gives its blocks back when it is garbage
 collected (a finalizer queues them; the memory retires them at its next block claim, and
@@ -95,7 +95,7 @@ class BatchWriter:
         self._cur_off = np.full(k, -1, np.int64)
         self._safe = np.zeros(1, np.int64)   # an array: the C kernel counts it down too
         self._closed = False
-        self._bound: tuple | None = None                   # (Store, history, scores, lengths, lives_now)
+        self._store: Any = None      # the ring's C kernel bound to these cursors, at first use
         # Not a method of self (it would keep the writer alive), and the memory by weak
         # reference (a memory holding its legacy writer would otherwise never be freed).
         self._finalizer = weakref.finalize(self, _give_back, weakref.ref(ring), self._block)
@@ -176,35 +176,32 @@ class BatchWriter:
         if any_end:
             self._cur_slot[lanes[ended]] = -1
 
-    def add_steps_with_history(self, lanes: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
-                               next_frames: np.ndarray, terminated: np.ndarray,
-                               truncated: np.ndarray, lives: Any, history: Any,
-                               scores: np.ndarray, lengths: np.ndarray, lives_now: np.ndarray, *,
-                               extras: Mapping[str, Any] | None = None) -> bool:
-        """The common case of an acting step in one C call (the ring's kernel): the steps of
-        :meth:`add_steps` (none ending an episode), and the acting group's per-lane
-        companions updated in the same pass: ``history`` (a FrameHistory) gets the frames,
-        ``scores`` the rewards, ``lengths`` +1, ``lives_now`` the lives. Returns False, having
-        changed nothing, when the kernel is not built or a lane needs the general path (a full
-        block, a slot near a block start, an episode end, a lost life, a bad reward).
-
-        ``extras`` as in :meth:`add_steps` (checked first: bad extras raise, changing nothing)."""
-        if self._closed:
-            return False
+    def try_add_steps(self, lanes: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                      next_frames: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, *,
+                      extras: Mapping[str, Any] | None = None) -> bool:
+        """:meth:`add_steps`' common case in one C call (the ring's write kernel), for a caller
+        that checked the values (``checked=True``): True when the steps are stored; False,
+        having changed nothing, when the kernel is not built or a lane needs the general path
+        (a full block, a slot near a block start, an episode end, a bad reward): call
+        :meth:`add_steps` then. ``lanes`` must be a valid int64 array of distinct lanes,
+        ``actions`` int64, ``rewards`` float64, ``next_frames`` C-contiguous frames of the
+        memory's dtype. ``extras`` as in :meth:`add_steps` (checked first: bad extras raise,
+        changing nothing)."""
         ring = self._ring
+        if self._closed or next_frames.dtype != ring.dtype \
+                or next_frames.shape[1:] != ring.state_shape:
+            return False
         if ring.extras or extras:
             extras = check_extras(extras, _extra_fields(ring), len(lanes))
-        bound = self._bound
-        if bound is None or bound[1] is not history or bound[2] is not scores \
-                or bound[3] is not lengths or bound[4] is not lives_now:
-            store = ring.bind_kernel(self._cursors(), (*history.buffers(), scores, lengths, lives_now))
+        store = self._store
+        if store is None:
+            store = self._store = ring.bind_kernel(self._cursors())
             if store is None:
                 return False
-            bound = self._bound = (store, history, scores, lengths, lives_now)
         # The slots the steps are taken from (published by the kernel), for the ring's hooks.
         taken = self._cur_slot[lanes] if ring.priorities is not None or extras else None
-        return ring.kernel_steps(bound[0], lanes, actions, next_frames, rewards, terminated,
-                                 truncated, lives, taken, extras)
+        return ring.kernel_steps(store, lanes, actions, next_frames, rewards, terminated,
+                                 truncated, taken, extras)
 
     def close(self) -> None:
         """Detach from the memory: every lane's active block is retired. Idempotent."""

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
+from kernel_paths import kernel_path
 from scripted_env import check_batch, decode
 
 GUARD = 10.0   # seconds: only ever a hang guard
@@ -148,7 +149,7 @@ class RecordingBatchWriter:
                                      bool(terminated[j]), bool(truncated[j])))
         self.writer.add_steps(lanes, actions, rewards, next_frames, terminated, truncated, **kw)
 
-    def add_steps_with_history(self, *args):
+    def try_add_steps(self, *args, **kw):
         return False    # the general path, so that every step is logged
 
     def close(self):
@@ -172,21 +173,8 @@ class RecordingMemory:
 # ----------------------------------------------------------------------------- end to end
 # The numpy path runs in the full suite (it is what a machine without a compiler runs).
 @pytest.fixture(params=['C kernels', pytest.param('numpy', marks=pytest.mark.slow)])
-def kernels(request, monkeypatch):
+def kernels(request):
     """Run a test with the optional C kernels of the acting path, and with the numpy path
     they are a shortcut for (as on a machine without a compiler)."""
-    if request.param == 'numpy':
-        import expreplay.acting.envs.frames
-        import expreplay.acting.policy
-        import expreplay.storage.ring
-        monkeypatch.setattr(expreplay.acting.policy, '_acting_ext', None)
-        monkeypatch.setattr(expreplay.acting.envs.frames, '_acting_ext', None)
-        monkeypatch.setattr(expreplay.storage.ring, "_acting_ext", None)
-    elif expreplay_kernels_missing():
-        pytest.skip("the C kernels are not built here")
-    return request.param
-
-
-def expreplay_kernels_missing():
-    import expreplay.acting.policy
-    return expreplay.acting.policy._acting_ext is None
+    with kernel_path(request.param, '_acting_ext', '_write_ext', '_gather_ext'):
+        yield request.param

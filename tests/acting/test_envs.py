@@ -8,6 +8,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay.acting.envs import (NO_LIVES, AsyncVectorAdapter, FrameFormat, FrameHistory,
                             SingleEnvAdapter, VectorEnvAdapter, adapt_env)
+from kernel_paths import kernel_path
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode, encode
 
 pytestmark = pytest.mark.timeout(60)
@@ -164,12 +165,10 @@ def test_frame_format_reshapes_and_refuses_lossy_casts():
     assert FrameFormat((4,), np.float32)(np.zeros(4, np.float64)).dtype == np.float32
 
 
-@pytest.mark.parametrize('kernel', ['C', 'numpy'])
-def test_frame_history_is_channels_last_oldest_first_zero_padded(kernel, monkeypatch):
-    if kernel == 'numpy':
-        import expreplay.acting.envs.frames
-        monkeypatch.setattr(expreplay.acting.envs.frames, '_acting_ext', None)
-    h = FrameHistory(2, (6,), 3, np.uint8)
+@pytest.mark.parametrize('kernel', ['C kernels', 'numpy'])
+def test_frame_history_is_channels_last_oldest_first_zero_padded(kernel):
+    with kernel_path(kernel, '_acting_ext'):
+        h = FrameHistory(2, (6,), 3, np.uint8)
     h.start([0, 1], np.stack([encode(0, 0, 0), encode(1, 0, 0)]))
     h.push([1], encode(1, 0, 1)[None])
     s = h.states([0, 1])

@@ -2,21 +2,20 @@
 import numpy as np
 import pytest
 
-from expreplay.storage import _gather
+from expreplay import _kernels
 from expreplay.storage._gather import gather_frames
+from kernel_paths import kernel_path
 
 N = 40  # ring slots
 
 
 @pytest.fixture(params=['auto', 'numpy', 'ext'])
-def impl(request, monkeypatch):
-    """'auto': whatever gather_frames picks; 'numpy': the extension hidden; 'ext': the C
+def impl(request):
+    """'auto': whatever gather_frames picks; 'numpy': the kernels switched off; 'ext': the C
     extension (skipped when it is not built)."""
-    if request.param == 'numpy':
-        monkeypatch.setattr(_gather, '_gather_ext', None)
-    if request.param == 'ext' and _gather._gather_ext is None:
-        pytest.skip('C extension expreplay.storage._gather_ext not built')
-    return request.param
+    with kernel_path('numpy' if request.param == 'numpy' else 'C kernels',
+                     *(['_gather_ext'] if request.param == 'ext' else [])):
+        yield request.param
 
 
 def reference(frames, idx, layout):
@@ -112,7 +111,7 @@ def test_bad_arguments_raise():
 
 
 def test_extension_validates_its_arguments():
-    ext = _gather._gather_ext
+    ext = _kernels.loaded('_gather_ext')
     if ext is None:
         pytest.skip('C extension expreplay.storage._gather_ext not built')
     frames = np.zeros((N, 6, 7), np.uint8)
@@ -137,7 +136,7 @@ def test_the_memory_sampler_resolves_histories_like_the_memory():
     """The memory's C sampler (Ring) gives exactly BlockRing.history_index + gather_frames for the
     states, and _n_step's walk, at episode starts (zero frames) and across block edges (the
     lane's previous block), in both layouts; and it refuses bad slots and buffers."""
-    ext = _gather._gather_ext
+    ext = _kernels.loaded('_gather_ext')
     if ext is None:
         pytest.skip('C extension expreplay.storage._gather_ext not built')
     from expreplay import ReplayMemory

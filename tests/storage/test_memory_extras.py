@@ -11,7 +11,7 @@ import pytest
 
 import expreplay.storage.memory
 from expreplay import CheckpointError, ReplayMemory
-from expreplay.acting.envs import FrameHistory
+from expreplay import _kernels
 from test_memory import FRAME_SHAPE, StreamModel, action_of, decode, encode, reward_of
 
 FIELDS = {'lives': 'int8', 'segment': 'int32', 'score': 'float32', 'flag': 'bool'}
@@ -66,12 +66,9 @@ def write_lanes(mem, num_lanes, rounds, rng):
 
 def write_batches(mem, num_lanes, calls, rng, fast=False):
     """One BatchWriter: random lane subsets, starts and steps in one call, extras as arrays.
-    ``fast``: every call that can goes through add_steps_with_history (the C kernel), as the
-    acting path does. Returns the number of calls the kernel took."""
+    ``fast``: every call that can goes through try_add_steps (the C kernel), as the acting
+    path does. Returns the number of calls the kernel took."""
     bw = mem.new_batch_writer(num_lanes)
-    history = FrameHistory(num_lanes, FRAME_SHAPE, mem.history_len, mem.dtype)
-    scores, lengths = np.zeros(num_lanes), np.zeros(num_lanes, np.int64)
-    lives_now = np.full(num_lanes, -1, np.int64)
     ep, t, length = [0] * num_lanes, [None] * num_lanes, [0] * num_lanes
     kernel_calls = 0
     for _ in range(calls):
@@ -92,20 +89,16 @@ def write_batches(mem, num_lanes, calls, rng, fast=False):
             args = (np.array(stepping, np.int64), np.array(acts, np.int64),
                     np.array(rews, np.float64), np.stack(frames), np.array(terms),
                     np.array(truncs))
-            if fast and bw.add_steps_with_history(*args, np.full(len(stepping), -1, np.int64),
-                                                  history, scores, lengths, lives_now,
-                                                  extras=extras):
+            if fast and bw.try_add_steps(*args, extras=extras):
                 kernel_calls += 1
             else:
                 bw.add_steps(*args, extras=extras)
-                history.push(args[0], args[3])
         if starting:
             for j in starting:
                 ep[j] += 1
                 t[j], length[j] = 0, int(rng.integers(1, 40 if fast else 12))
             frames = np.stack([encode(j, ep[j], 0) for j in starting])
             bw.start_episodes(np.array(starting), frames)
-            history.start(np.array(starting), frames)
     bw.close()
     return kernel_calls
 
@@ -154,7 +147,7 @@ def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
     mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, extra_fields=FIELDS,
                        prioritized=prioritized)
     calls = write_batches(mem, 4, 2000, rng, fast=True)
-    if expreplay.storage.ring._acting_ext is None:
+    if _kernels.loaded('_write_ext') is None:
         assert calls == 0
         pytest.skip("the C kernel is not built here: the general path was checked")
     assert calls > 1000                         # most steps went through the kernel
@@ -170,34 +163,28 @@ def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
 def test_the_c_kernel_now_serves_prioritized_memories(monkeypatch):
     """A prioritized memory's common step goes through the kernel (it used to be refused),
     and its new steps enter the tree at the running max priority."""
-    if expreplay.storage.ring._acting_ext is None:
+    if _kernels.loaded('_write_ext') is None:
         pytest.skip("the C kernel is not built here")
     mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, prioritized=True)
     bw = mem.new_batch_writer(2)
-    history = FrameHistory(2, FRAME_SHAPE, 4, mem.dtype)
     lanes = np.arange(2)
     frames = np.stack([encode(j, 1, 0) for j in lanes])
     bw.start_episodes(lanes, frames)
-    history.start(lanes, frames)
     taken = 0
     for t in range(10):
         frames = np.stack([encode(j, 1, t + 1) for j in lanes])
         args = (lanes, np.zeros(2, np.int64), np.ones(2), frames, np.zeros(2, bool),
-                np.zeros(2, bool), np.full(2, -1, np.int64), history, np.zeros(2),
-                np.zeros(2, np.int64), np.full(2, -1, np.int64))
-        if bw.add_steps_with_history(*args):
+                np.zeros(2, bool))
+        if bw.try_add_steps(*args):
             taken += 1
         else:
-            bw.add_steps(*args[:6])
-            history.push(lanes, frames)
+            bw.add_steps(*args)
     assert taken >= 5
     mem.update_priorities(mem.sample(4).indices, [5.0] * 4)
     before = set(np.flatnonzero(mem.ring.priorities.tree.get(np.arange(mem.num_slots)) > 0))
     frames = np.stack([encode(j, 1, 11) for j in lanes])
-    assert bw.add_steps_with_history(lanes, np.zeros(2, np.int64), np.ones(2), frames,
-                                     np.zeros(2, bool), np.zeros(2, bool), np.full(2, -1, np.int64),
-                                     history, np.zeros(2), np.zeros(2, np.int64),
-                                     np.full(2, -1, np.int64))
+    assert bw.try_add_steps(lanes, np.zeros(2, np.int64), np.ones(2), frames,
+                            np.zeros(2, bool), np.zeros(2, bool))
     mem.sample(1)
     leaves = mem.ring.priorities.tree.get(np.arange(mem.num_slots))
     new = sorted(set(np.flatnonzero(leaves > 0)) - before)
@@ -273,12 +260,9 @@ def test_bad_extras_of_a_batch_name_the_field_and_change_nothing(change, match):
         bw.add_steps(*args, extras=change(good))
     with pytest.raises(ValueError, match=match):
         bw.add_steps(*args, checked=True, extras=change(good))     # checked: extras still are
-    if expreplay.storage.ring._acting_ext is not None:
-        history = FrameHistory(2, FRAME_SHAPE, 2, mem.dtype)
+    if _kernels.loaded('_write_ext') is not None:
         with pytest.raises(ValueError, match=match):
-            bw.add_steps_with_history(*args, np.full(2, -1, np.int64), history, np.zeros(2),
-                                      np.zeros(2, np.int64), np.full(2, -1, np.int64),
-                                      extras=change(good))
+            bw.try_add_steps(*args, extras=change(good))
     assert_untouched(mem, before)
 
 

@@ -9,23 +9,18 @@ import threading
 import numpy as np
 import pytest
 
-import expreplay.storage._gather
-import expreplay.storage.ring
 from expreplay import ReplayMemory
 from expreplay.storage.memory import SampleBatch
+from kernel_paths import kernel_path
 from test_memory import FRAME_SHAPE, StreamModel, action_of, decode, encode, reward_of
 
 
 @pytest.fixture(params=['C kernels', 'numpy'])
-def kernels(request, monkeypatch):
+def kernels(request):
     """The memory's C kernels (the sampler, the writers' store), or the numpy path: the
-    switches are ``expreplay.storage._gather._gather_ext`` and ``expreplay.storage.ring._acting_ext``."""
-    if request.param == 'numpy':
-        monkeypatch.setattr(expreplay.storage._gather, '_gather_ext', None)
-        monkeypatch.setattr(expreplay.storage.ring, "_acting_ext", None)
-    elif expreplay.storage._gather._gather_ext is None or expreplay.storage.ring._acting_ext is None:
-        pytest.skip("the C kernels are not built here")
-    return request.param
+    switch is :func:`expreplay._kernels.numpy_only`."""
+    with kernel_path(request.param, '_gather_ext', '_write_ext'):
+        yield request.param
 
 
 def filled(seed=0, max_size=400, history_len=4, num_lanes=3, steps=1500, **kwargs):

@@ -10,21 +10,16 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
+from kernel_paths import kernel_path
 from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
 
 
 @pytest.fixture(params=['C kernels', 'numpy'])
-def kernels(request, monkeypatch):
+def kernels(request):
     """With the optional C kernels (frame gather, priority tree) and with the numpy paths
     they stand in for (a machine without a compiler)."""
-    import expreplay.storage._gather
-    import expreplay.storage.priority
-    if request.param == 'numpy':
-        monkeypatch.setattr(expreplay.storage._gather, '_gather_ext', None)
-        monkeypatch.setattr(expreplay.storage.priority, '_tree_ext', None)
-    elif expreplay.storage._gather._gather_ext is None or expreplay.storage.priority._tree_ext is None:
-        pytest.skip("the C kernels are not built here")
-    return request.param
+    with kernel_path(request.param, '_gather_ext', '_tree_ext'):
+        yield request.param
 
 
 class Script:

@@ -10,6 +10,8 @@ import pytest
 
 from expreplay import ReplayMemory
 from expreplay.storage.priority import SumMinTree
+from expreplay import _kernels
+from kernel_paths import kernel_path
 from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
 from test_nstep import Script, ScriptedWriters
 
@@ -17,18 +19,14 @@ VALID = 1
 
 
 @pytest.fixture(autouse=True, params=['C', 'numpy'])
-def tree_impl(request, monkeypatch):
+def tree_impl(request):
     """Every test with the optional C tree kernel and with the numpy tree it stands in for."""
-    import expreplay.storage.priority
-    if request.param == 'numpy':
-        monkeypatch.setattr(expreplay.storage.priority, '_tree_ext', None)
-    elif expreplay.storage.priority._tree_ext is None:
-        pytest.skip("the C tree kernel is not built here")
-    return request.param
+    with kernel_path('numpy' if request.param == 'numpy' else 'C kernels', '_tree_ext'):
+        yield request.param
 
 
 def test_the_kernel_validates_its_arguments(tree_impl):
-    from expreplay.storage.priority import _tree_ext
+    _tree_ext = _kernels.loaded('_tree_ext')
     if tree_impl != 'C':
         pytest.skip("C only")
     tree = SumMinTree(100, fanout=4)

@@ -2,28 +2,22 @@
 and :class:`FrameHistory` (the last ``history_len`` frames of each sub-environment's current
 episode, which is what the predictor sees).
 
-``FrameHistory.states`` computes its gather rows in the optional C kernel; setting
-``expreplay.acting.envs.frames._acting_ext`` to None switches it to numpy (what the tests do to
-check both).
+``FrameHistory.states`` computes its gather rows in the optional C kernel
+``expreplay.acting._acting_ext``; a history built inside :func:`expreplay._kernels.numpy_only`
+uses numpy (what the tests do to check both).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from ... import _kernels
 from ...storage._gather import gather_history
 from ...storage._inputs import as_frame, check_frames
-
-_acting_ext: Any
-try:  # optional, built by setup.py when a C compiler is available
-    _acting_ext = importlib.import_module('expreplay.storage._acting_ext')
-except ImportError:
-    _acting_ext = None
 
 __all__ = ['FrameFormat', 'FrameHistory']
 
@@ -88,6 +82,7 @@ class FrameHistory:
         self._base = np.arange(num_lanes, dtype=np.int64) * h     # each lane's first row
         self._ring = np.arange(1, h + 1)
         self._rows = np.zeros((num_lanes, h), np.intp)             # states()' scratch
+        self._ext = _kernels.get('_acting_ext')      # chosen once per history
 
     def start(self, lanes: npt.ArrayLike, frames: np.ndarray) -> None:
         """Begin a new episode in each of ``lanes`` with its first frame ``frames[j]``."""
@@ -109,9 +104,14 @@ class FrameHistory:
 
     def buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(frames, pos, base)``: the arrays the history lives in, for a kernel that pushes
-        frames in place (the write path's ``_acting_ext``), which must keep the invariant above:
+        frames in place (the acting kernel's ``push_steps``), which must keep the invariant above:
         lane ``i``'s newest frame is row ``base[i] + pos[i]`` of ``frames``."""
         return self._frames, self._pos, self._base
+
+    @property
+    def kernel(self) -> Any:
+        """The acting C kernel this history was built with (None: numpy)."""
+        return self._ext
 
     def latest(self, lane: int) -> np.ndarray:
         """The newest frame of ``lane`` (a view)."""
@@ -120,9 +120,9 @@ class FrameHistory:
     def states(self, lanes: npt.ArrayLike) -> np.ndarray:
         """Stacked states of ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
         lanes = np.asarray(lanes, np.int64)
-        if _acting_ext is not None:
+        if self._ext is not None:
             rows = self._rows[:len(lanes)]
-            _acting_ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
+            self._ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
         else:
             rows = self._base[lanes][:, None] + (self._pos[lanes][:, None] + self._ring) % self.history_len
         return gather_history(self._frames, rows)
