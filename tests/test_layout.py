@@ -141,7 +141,7 @@ def test_no_import_circle_between_modules():
     assert _cycles() == []
 
 
-# The tables each object owns: only its own module assigns them or calls a mutating method on
+# The tables (and counters) each object owns: only its own module assigns them or calls a mutating method on
 # them through another name (``ring.flags[...] = ...``, ``prio.max_priority = ...``,
 # ``ring.retired.append(...)``). Its own ``self.<table>`` is its business; any other object's
 # attribute of that name elsewhere is a write of the owner's table from outside.
@@ -151,6 +151,12 @@ OWNED_TABLES = {
         'block_next', 'block_prev_intact', 'block_state', 'block_gen', 'free', 'retired',
         'abandoned', 'num_valid', 'num_steps_written'},
     'expreplay.storage.priority': {'max_priority', 'stale_updates', '_pending'},
+    # A runner's state is its own; what the acting group owns (reset flags, step counts) the
+    # runner reads from the group.
+    'expreplay.acting.runner': {'needs_reset', 'steps', 'restarts', 'total_scores',
+                                'episodes_started', 'adapter', 'player', 'num_envs',
+                                'num_actions'},
+    'expreplay.acting.group': {'inserted'},
 }
 _MUTATORS = {'append', 'appendleft', 'extend', 'extendleft', 'pop', 'popleft', 'clear', 'fill',
              'put', 'itemset', 'remove', 'insert', 'update', 'setdefault', 'sort', 'resize'}

@@ -29,15 +29,17 @@ import numpy as np
 
 from .envs import NO_LIVES, FrameFormat, Results
 from .lanes import LaneEpisodes
+from .member import GroupMember
 from .policy import EpsilonGreedy, as_q_values, check_q_values, explorations
 from .resets import AUTORESET, LaneResets, env_error
 from ..errors import EnvError, PredictorError
-from ..storage._inputs import _FLOAT32_MAX, check_rewards   # the memory's rule for rewards
+# The memory's rules for rewards and frames, on a whole step at once.
+from ..storage._inputs import check_rewards, unstorable_frames, unstorable_rewards
 
 __all__ = ['ActingGroup', 'check_q_values', 'as_q_values']
 
 # What finish() returns: the runners whose env failed, with the error.
-Failures = list[tuple[Any, EnvError]]
+Failures = list[tuple[GroupMember, EnvError]]
 
 
 class ActingGroup:
@@ -54,9 +56,12 @@ class ActingGroup:
     :attr:`runners`), so that a manager with fewer requests than runners steps only some.
     Failures of single runners are returned by :meth:`finish` (their runners need a reset;
     the other members' steps are stored); the predictor's are raised. Use from one thread.
+
+    The group owns its runners' stepping state, which they read: reset flags (:meth:`needs_reset`,
+    :meth:`request_reset`), steps stored (:meth:`steps_of`, :attr:`inserted`).
     """
 
-    def __init__(self, runners: Iterable[Any]) -> None:
+    def __init__(self, runners: Iterable[GroupMember]) -> None:
         runners = list(runners)
         first = runners[0]
         for r in runners[1:]:
@@ -78,6 +83,10 @@ class ActingGroup:
         self.num_lanes = int(starts[-1])
         self.runner_lanes = [np.arange(starts[k], starts[k + 1]) for k in range(len(runners))]
         self._all_members = np.arange(len(runners))
+        self._position = {id(r): k for k, r in enumerate(runners)}
+        # Per runner: its next step starts by resetting its env; steps it stored here.
+        self._needs_reset, self._steps = [True] * len(runners), [0] * len(runners)
+        self.inserted = 0                  # steps stored by all runners (read: InsertedSteps)
 
         for r in runners:
             r.join_group(self)            # its episodes in another group end where they are
@@ -104,17 +113,31 @@ class ActingGroup:
         """True between :meth:`begin` and :meth:`finish` (or :meth:`abort`)."""
         return self._pending is not None
 
+    def needs_reset(self, runner: GroupMember) -> bool:
+        """Whether ``runner``'s next step starts by resetting its env."""
+        return self._needs_reset[self._position[id(runner)]]
+
+    def request_reset(self, runner: GroupMember) -> None:
+        """``runner``'s next step resets its env (after a restart: a new player)."""
+        self._needs_reset[self._position[id(runner)]] = True
+
+    def steps_of(self, runner: GroupMember) -> int:
+        """The steps ``runner`` took and stored in this group."""
+        return self._steps[self._position[id(runner)]]
+
     def _env_state(self, k: int, env_index: int, include_rng: bool) -> Any:
         return self._resets.env_state(k, env_index, include_rng)
 
     # ------------------------------------------------------------------ a step
-    def step(self, exploration: float | Sequence[float], members: Sequence[int] | None = None) -> None:
-        """One step of ``members`` (all runners by default), the predictor called here."""
+    def step(self, exploration: float | Sequence[float], members: Sequence[int] | None = None) -> int:
+        """One step of ``members`` (all by default), the predictor called here: the steps stored."""
+        before = self.inserted
         states = self.begin(exploration, members)
         q_values = None
         if len(states):
             self.calls += 1
             self.rows += len(states)
+            assert self.predictor is not None     # begin() refused greedy rows without one
             try:
                 q_values = as_q_values(self.predictor(states))
             except PredictorError:
@@ -124,6 +147,7 @@ class ActingGroup:
                 self.abort()
                 raise PredictorError(f"predictor raised: {err!r}") from err
         self.finish_or_raise(q_values)
+        return self.inserted - before
 
     def begin(self, exploration: float | Sequence[float] | np.ndarray,
               members: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
@@ -141,8 +165,9 @@ class ActingGroup:
         members = self._all_members if members is None else np.asarray(members, np.int64)
         eps = explorations(exploration, members)
         for k in members.tolist():
-            if self.runners[k].needs_reset:
+            if self._needs_reset[k]:
                 self._resets.reset_runner(k)
+                self._needs_reset[k] = False
         if self.is_async:
             lanes = self._receive()
         elif self.singles:
@@ -190,7 +215,7 @@ class ActingGroup:
         if is_open[lanes].all():
             return failures
         for k in members.tolist():
-            if not self.runners[k].needs_reset and not is_open[self.runner_lanes[k]].all():
+            if not self._needs_reset[k] and not is_open[self.runner_lanes[k]].all():
                 try:
                     self._resets.reset_finished(k)
                 except EnvError as err:
@@ -207,8 +232,7 @@ class ActingGroup:
         """Forget a :meth:`begin` whose Q-values will not come (the predictor failed)."""
         pending, self._pending = self._pending, None
         if pending is not None and self.is_async:
-            # The received sub-envs wait for their next actions: send the random ones drawn,
-            # so that the engine's pipeline stays whole (those steps are stored as usual).
+            # The received sub-envs wait for actions: send the random ones (stored as usual).
             _, lanes, actions, _ = pending
             self._send(lanes, actions)
 
@@ -219,8 +243,9 @@ class ActingGroup:
         assert self._singles is not None
         steps = self._singles
         if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows()):
-            for r in steps.runners:
-                r.steps += 1
+            for k in members.tolist():
+                self._steps[k] += 1
+            self.inserted += len(members)
             return not self._lanes.has_records
         steps.check_batch()
         ok = np.ones(len(members), bool)
@@ -231,7 +256,8 @@ class ActingGroup:
         rows = np.flatnonzero(ok)
         stepped = members[rows]
         for k in stepped.tolist():
-            self.runners[k].steps += 1
+            self._steps[k] += 1
+        self.inserted += len(stepped)
         frames, rewards, term, trunc, lives = steps.rows()
         self._lanes.store(stepped, actions[rows], frames[rows], rewards[rows], term[rows],
                           trunc[rows], lives[rows], fast=False)
@@ -256,7 +282,7 @@ class ActingGroup:
             frames = self._format.batch(res.obs, len(res.env_ids))
             check_rewards(res.reward, 'player rewards')
         except Exception as err:
-            runner.needs_reset = True
+            self._needs_reset[0] = True
             self._lanes.close(self.runner_lanes[0])
             raise env_error(runner, 'recv', err) from err
         self._store_results(0, res, frames, self._lanes.last_actions(res.env_ids))
@@ -291,18 +317,18 @@ class ActingGroup:
         if not stepping.all():
             lanes, frames, actions, lives = lanes[stepping], frames[stepping], actions[stepping], lives[stepping]
             reward, term, trunc = reward[stepping], term[stepping], trunc[stepping]
-        self.runners[k].steps += len(lanes)
+        self._steps[k] += len(lanes)
+        self.inserted += len(lanes)
         self._lanes.store(lanes, actions, frames, reward, term, trunc, lives)
 
     def _fail(self, k: int, err: EnvError, failures: Failures) -> None:
         """Runner ``k`` failed: its episodes end here, its next step resets its env."""
-        runner = self.runners[k]
-        runner.needs_reset = True
+        self._needs_reset[k] = True
         self._lanes.close(self.runner_lanes[k])
-        failures.append((runner, err))
+        failures.append((self.runners[k], err))
 
     # ------------------------------------------------------------------ membership, close
-    def release(self, runner: Any) -> None:
+    def release(self, runner: GroupMember) -> None:
         """``runner`` moves to another group: its lanes here end where they are; a group
         left with no runner of its own detaches from the memory."""
         k = self.runners.index(runner)
@@ -322,7 +348,7 @@ class _SingleSteps:
     """The env calls of a step of single-env runners, their results gathered into reused
     buffers (one row per member), and the memory's rules checked on the whole batch."""
 
-    def __init__(self, runners: Sequence[Any], frame_format: FrameFormat) -> None:
+    def __init__(self, runners: Sequence[GroupMember], frame_format: FrameFormat) -> None:
         self._runners = list(runners)
         self._format = frame_format
         m = len(self._runners)
@@ -333,7 +359,7 @@ class _SingleSteps:
         self._lives = np.zeros(m, np.int64)
         self.m = 0
         self.failed: list[tuple[int, BaseException]] = []
-        self.runners: list[Any] = []
+        self.runners: list[GroupMember] = []
 
     def step(self, members: np.ndarray, actions: np.ndarray) -> bool:
         """Step runner ``members[j]`` with ``actions[j]``; ``failed`` lists ``(j, error)``.
@@ -355,8 +381,7 @@ class _SingleSteps:
                 failed.append((j, err))
         self.m = m = len(members)
         self.failed = failed
-        # Only float frames can hold NaN or inf.
-        return not failed and (dtype.kind != 'f' or bool(np.isfinite(obs_buf[:m]).all()))
+        return not failed and unstorable_frames(obs_buf[:m], dtype) is None
 
     def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """``(frames, rewards, terminated, truncated, lives)`` of this step's members (sliced
@@ -371,9 +396,11 @@ class _SingleSteps:
         the members that broke them join :attr:`failed`."""
         m = self.m
         rew, obs = self._reward[:m], self._obs[:m]
-        if not np.abs(rew).max() <= _FLOAT32_MAX:
+        bad = unstorable_rewards(rew)
+        if bad is not None:
             self.failed += [(j, ValueError(f"reward {rew[j]!r} is not finite or does not fit float32"))
-                            for j in np.flatnonzero(~(np.abs(rew) <= _FLOAT32_MAX)).tolist()]
-        if self._format.dtype.kind == 'f' and not np.isfinite(obs).all():
-            self.failed += [(j, ValueError("observation holds NaN or inf")) for j in
-                            np.flatnonzero(~np.isfinite(obs.reshape(m, -1)).all(axis=1)).tolist()]
+                            for j in np.flatnonzero(bad).tolist()]
+        bad = unstorable_frames(obs, self._format.dtype)
+        if bad is not None:
+            self.failed += [(j, ValueError("observation holds NaN or inf"))
+                            for j in np.flatnonzero(bad).tolist()]

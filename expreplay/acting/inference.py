@@ -68,7 +68,8 @@ class InferenceThread:
     """Runs ``predictor`` in a thread named ``name`` on the states submitted to it.
 
     Args:
-        predictor: ``predictor(states)`` -> Q-values ``(n, A)`` or ``[Q-values, ...]``.
+        predictor: ``predictor(states)`` -> Q-values ``(n, A)`` or ``[Q-values, ...]``; None for
+            groups that always explore (they submit no states).
         max_batch (int): at most this many states per call; a larger submission is run in
             calls of ``max_batch`` states.
         name (str): the thread's name.
@@ -87,7 +88,7 @@ class InferenceThread:
     is the monotonic time the running call started (None when idle), for a watchdog.
     """
 
-    def __init__(self, predictor: Callable[[np.ndarray], Any], max_batch: int = 32,
+    def __init__(self, predictor: Callable[[np.ndarray], Any] | None, max_batch: int = 32,
                  name: str = 'InferenceThread', thread_context: Callable[[], Any] | None = None,
                  on_done: Callable[[], None] | None = None, inline_below: float = 2e-4) -> None:
         self.predictor = predictor
@@ -206,6 +207,7 @@ class InferenceThread:
             with self._call_lock:
                 self.busy_since = t0 = time.monotonic()
                 try:
+                    assert self.predictor is not None   # groups without one submit nothing
                     q = np.asarray(as_q_values(self.predictor(part)))
                 finally:
                     self.busy_since = None

@@ -19,6 +19,7 @@ import numpy as np
 
 from .envs import NO_LIVES, FrameHistory
 from .episodes import EpisodeStart, RestartPoint
+from .member import GroupMember
 from .records import make_record
 
 __all__ = ['LaneEpisodes']
@@ -34,7 +35,7 @@ class LaneEpisodes:
     :class:`~expreplay.acting.episodes.RestartPool`).
     """
 
-    def __init__(self, runners: Sequence[Any], memory: Any, frame_shape: tuple[int, ...],
+    def __init__(self, runners: Sequence[GroupMember], memory: Any, frame_shape: tuple[int, ...],
                  dtype: np.dtype, env_state: Callable[[int, int, bool], Any]) -> None:
         self.runners = list(runners)
         sizes = [r.num_envs for r in self.runners]
@@ -55,7 +56,7 @@ class LaneEpisodes:
         observers = [(k, getattr(r.episode_starts, 'observe_step', None))
                      for k, r in enumerate(self.runners)]
         self._observers = {k: f for k, f in observers if f is not None}
-        self._finished: list[tuple[Any, Any]] = []   # records of this step, emitted after it
+        self._finished: list[tuple[GroupMember, Any]] = []   # records of this step, emitted after it
         self._env_state = env_state
         self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
 

@@ -16,6 +16,7 @@ import numpy as np
 from .envs import NO_LIVES, FrameFormat
 from .episodes import EpisodeStart
 from .lanes import LaneEpisodes
+from .member import GroupMember
 from ..errors import EnvError
 
 __all__ = ['LaneResets', 'env_error']
@@ -25,7 +26,7 @@ PLAIN_RESET = EpisodeStart()
 AUTORESET = EpisodeStart(kind='autoreset')
 
 
-def env_error(runner: Any, what: str, err: BaseException) -> EnvError:
+def env_error(runner: GroupMember, what: str, err: BaseException) -> EnvError:
     """``err`` (raised by ``runner``'s env in ``what``) as an :class:`EnvError` naming the runner."""
     if isinstance(err, EnvError):
         err.runner = runner
@@ -40,7 +41,7 @@ def env_error(runner: Any, what: str, err: BaseException) -> EnvError:
 class LaneResets:
     """Resets of the runners ``runners`` whose lanes are ``runner_lanes`` in ``lanes``."""
 
-    def __init__(self, runners: Sequence[Any], runner_lanes: Sequence[np.ndarray],
+    def __init__(self, runners: Sequence[GroupMember], runner_lanes: Sequence[np.ndarray],
                  lanes: LaneEpisodes, frame_format: FrameFormat) -> None:
         self.runners = list(runners)
         self.runner_lanes = list(runner_lanes)
@@ -48,9 +49,9 @@ class LaneResets:
         self._format = frame_format
         # (what, runner) of the env call running now through _env_call (a reset, a restore...),
         # else None: what a manager's watchdog names when the call hangs.
-        self.current_call: tuple[str, Any] | None = None
+        self.current_call: tuple[str, GroupMember] | None = None
 
-    def _env_call(self, runner: Any, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _env_call(self, runner: GroupMember, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         self.current_call = (what, runner)
         try:
             return fn(*args)
@@ -59,7 +60,7 @@ class LaneResets:
         finally:
             self.current_call = None
 
-    def _plan(self, runner: Any, env_index: int, lane: int) -> EpisodeStart:
+    def _plan(self, runner: GroupMember, env_index: int, lane: int) -> EpisodeStart:
         """Ask the scheduler how to start sub-env ``env_index``'s next game."""
         start = runner.episode_starts.start(runner.index, int(env_index),
                                             self._lanes.episode_index(lane))
@@ -87,7 +88,6 @@ class LaneResets:
             res = self._env_call(runner, 'reset', adapter.reset, seed)
             # An int seed starts sub-env i with seed + i (gymnasium's vector convention).
             starts = [PLAIN_RESET if seed is None else EpisodeStart(seed + i) for i in range(n)]
-        runner.needs_reset = False
         if res is None:                  # asynchronous: the starts arrive with recv()
             return
         frames = self._env_call(runner, 'reset', self._format.batch, res.obs, n)
@@ -122,7 +122,7 @@ class LaneResets:
                                                     env_ids=res.env_ids)
         self._lanes.start(lanes[res.env_ids], frames, lives, starts)
 
-    def _restore_where_planned(self, runner: Any, starts: list[EpisodeStart], frames: np.ndarray,
+    def _restore_where_planned(self, runner: GroupMember, starts: list[EpisodeStart], frames: np.ndarray,
                                lives: np.ndarray, env_ids: np.ndarray | None = None
                                ) -> tuple[np.ndarray, np.ndarray]:
         """After the reset of a restart: restore the saved state, whose first frame is saved."""

@@ -3,7 +3,10 @@
 :class:`EnvRunner` is one environment (a single env, or a vector env's sub-envs) with its
 configuration and its counters: what a user builds and hands to a manager. Like the actors of
 Acme or CleanRL, it knows nothing about how transitions are stored or batched: it is stepped by
-an :class:`~expreplay.acting.group.ActingGroup` (its own, or a manager's with other runners).
+an :class:`~expreplay.acting.group.ActingGroup` (its own, or a manager's with other runners),
+which owns the stepping state (whether the env needs a reset, the steps stored) and which the
+runner only reads; the group sees the runner through
+:class:`~expreplay.acting.member.GroupMember`.
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ class EnvRunner:
     Attributes:
         total_scores (list): score of every game finished (all lives), oldest first; emptied by
             :meth:`EnvRunnerManager.reset_stats` (at most the newest ``MAX_KEPT_GAMES`` kept).
-        steps (int): environment steps taken and stored (all sub-environments).
+        steps (int, read-only): environment steps taken and stored (all sub-environments),
+            counted by the acting groups that stepped this runner.
         restarts (int): how many times :meth:`restart` replaced or reset the env.
 
     A failed step (the env raised, or returned an observation the memory can not store) ends
@@ -129,7 +133,7 @@ class EnvRunner:
         self._rng = np.random.default_rng(None if self._seed is None else [abs(self._seed), self.index])
 
         self.total_scores: list[float] = []
-        self.steps = 0
+        self._steps_before = 0        # stored in the groups that stepped this runner before
         self.restarts = 0
         self._games: list[tuple[float, int]] = []    # (score, length) since the last pop_games()
         self._stats_lock = threading.Lock()
@@ -158,7 +162,6 @@ class EnvRunner:
         self.adapter: EnvAdapter = adapter
         self.num_envs = adapter.num_envs
         self.num_actions = int(n_act)
-        self.needs_reset = True       # the next step starts by resetting the env
 
     def __repr__(self) -> str:
         return f"EnvRunner(index={self.index}, player={type(self.player).__name__}, num_envs={self.num_envs})"
@@ -167,6 +170,18 @@ class EnvRunner:
     def group(self) -> ActingGroup | None:
         """The acting group that steps this runner (None before its first step)."""
         return self._group
+
+    @property
+    def steps(self) -> int:
+        """Environment steps taken and stored (all sub-environments, every group)."""
+        group = self._group
+        return self._steps_before + (group.steps_of(self) if group is not None else 0)
+
+    @property
+    def needs_reset(self) -> bool:
+        """Whether the next step starts by resetting the env (its group says; True before the
+        first step)."""
+        return self._group is None or self._group.needs_reset(self)
 
     @property
     def rng(self) -> np.random.Generator:
@@ -197,10 +212,11 @@ class EnvRunner:
     def join_group(self, group: ActingGroup) -> None:
         """``group`` steps this runner from now on; its episodes in the group that stepped it
         before end where they are, and its next step resets the env."""
-        if self._group is not None and self._group is not group:
-            self._group.release(self)
-        self._group = group
-        self.needs_reset = True
+        old = self._group
+        if old is not None and old is not group:
+            self._steps_before += old.steps_of(self)
+            old.release(self)
+        self._group = group       # a new group resets the runner's env at its first step
 
     def _own_group(self) -> ActingGroup:
         if self._closed:
@@ -264,7 +280,7 @@ class EnvRunner:
             self._attach(self._player_factory())
         if self._group is not None:
             self._group.abort()
-        self.needs_reset = True
+            self._group.request_reset(self)
         self.restarts += 1
 
     def close(self) -> None:

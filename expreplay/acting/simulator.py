@@ -19,6 +19,7 @@ import numpy as np
 
 from .faults import Activity, Faults
 from .group import ActingGroup
+from .runner import EnvRunner
 from ..errors import ManagerClosed
 from .window import InsertedSteps, Request, StalenessWindow
 
@@ -37,7 +38,7 @@ def close_group(group: Any) -> None:
             logger.warning("closing runner %d raised %r", r.index, err)
 
 
-def plan_groups(runners: Sequence[Any], simulator_threads: int | None) -> list[list[ActingGroup]]:
+def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
     """The acting groups of each simulator thread: ``simulator_threads`` as
     :class:`~expreplay.acting.manager.EnvRunnerManager` documents it."""
     n = len(runners)
@@ -56,7 +57,7 @@ def plan_groups(runners: Sequence[Any], simulator_threads: int | None) -> list[l
             if r.is_vector:
                 groups.append(ActingGroup([r]))
         singles = [r for r in rs if not r.is_vector]
-        by_key: dict[tuple[int, int, int], list[Any]] = collections.defaultdict(list)
+        by_key: dict[tuple[int, int, int], list[EnvRunner]] = collections.defaultdict(list)
         for r in singles:
             by_key[(id(r.predictor), id(r.memory), r.num_actions)].append(r)
         for members in by_key.values():

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .runner import EnvRunner
+
 __all__ = ['ActingStats']
 
 # Games collected and never read: past this many, the newest half is kept.
@@ -18,7 +20,7 @@ class ActingStats:
     """Figures of ``runners`` since the last :meth:`reset`; ``inference_counts()`` returns the
     predictor's ``(calls, rows)`` so far."""
 
-    def __init__(self, runners: Sequence[Any], inference_counts: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, runners: Sequence[EnvRunner], inference_counts: Callable[[], tuple[int, int]]) -> None:
         self._runners = list(runners)
         self._inference_counts = inference_counts
         self._games: list[tuple[float, int]] = []

@@ -29,16 +29,17 @@ class Request:
 
 
 class InsertedSteps:
-    """The steps an acting group stored, taken in portions: each :meth:`take` returns what its
-    runners stored since the last one (the runners are stepped by one thread only, the one
-    that takes, so the difference is exactly what the last request(s) stored)."""
+    """The steps an acting group stored, taken in portions: each :meth:`take` returns what the
+    group stored since the last one (its ``inserted`` count; the group is stepped by one
+    thread only, the one that takes, so the difference is exactly what the last request(s)
+    stored)."""
 
     def __init__(self, group: Any) -> None:
-        self._runners = list(group.runners)
-        self._seen = sum(r.steps for r in self._runners)
+        self._group = group
+        self._seen = group.inserted
 
     def take(self) -> int:
-        steps = sum(r.steps for r in self._runners)
+        steps = self._group.inserted
         inserted, self._seen = steps - self._seen, steps
         return inserted
 

@@ -15,7 +15,8 @@ from numpy.typing import ArrayLike
 
 from .._checks import check_dtype
 
-__all__ = ['as_frame', 'check_frames', 'check_rewards', 'check_actions', 'check_flags',
+__all__ = ['as_frame', 'check_frames', 'check_rewards', 'unstorable_rewards', 'unstorable_frames',
+           'check_actions', 'check_flags',
            'check_action', 'check_reward', 'check_extra_fields', 'check_extras']
 
 # The rules of what may enter the memory. Each has a one-value form (used per step by the
@@ -78,13 +79,32 @@ def check_rewards(rewards: ArrayLike, name: str = 'rewards') -> np.ndarray:
             raise ValueError(_inexact_reward_error(f"{name}[{', '.join(map(str, index))}]",
                                                    int(arr[index])))
     if arr.dtype.kind == 'f':
-        with np.errstate(invalid='ignore'):
-            bad = ~(np.abs(arr) <= _FLOAT32_MAX)
-        if bad.any():
+        bad = unstorable_rewards(arr)
+        if bad is not None:
             index = np.unravel_index(int(np.argmax(bad)), arr.shape)
             raise ValueError(_reward_error(f"{name}[{', '.join(map(str, index))}]",
                                            float(arr[index])))
     return arr.astype(np.float32)
+
+
+def unstorable_rewards(rewards: np.ndarray) -> np.ndarray | None:
+    """The rule for float rewards, on an array: None when float32 stores every one, else a
+    bool mask of those it can not (NaN, inf, beyond float32's range). One comparison in the
+    common case: the acting path checks a whole step with it. (The C kernels' fast paths
+    decline such rewards, and the numpy path then applies this rule.)"""
+    with np.errstate(invalid='ignore'):
+        if np.abs(rewards).max(initial=0.0) <= _FLOAT32_MAX:
+            return None
+        return ~(np.abs(rewards) <= _FLOAT32_MAX)
+
+
+def unstorable_frames(frames: np.ndarray, dtype: np.dtype) -> np.ndarray | None:
+    """The rule of :func:`as_frame` for frames already of the memory's ``dtype`` (the acting
+    path's buffers): None when every frame can be stored, else a bool mask over the frames of
+    those that can not (only a float memory refuses values of its own dtype: NaN and inf)."""
+    if dtype.kind != 'f' or np.isfinite(frames).all():
+        return None
+    return ~np.isfinite(frames.reshape(len(frames), -1)).all(axis=1)
 
 
 def check_actions(actions: ArrayLike, name: str = 'actions') -> np.ndarray:
