@@ -24,13 +24,41 @@ _DRAWS = 256
 
 
 def as_q_values(outputs: Any) -> Any:
-    """The Q-values of a predictor's outputs: ``[Q, ...]`` (tensorpack) or the array itself."""
+    """The Q-values of a predictor's outputs: ``[Q, ...]`` (tensorpack) or the array itself.
+
+    A list or tuple is tensorpack's convention, its first item the Q-values of all the states:
+    a first item that is not a 2-D array (a row of Q-values, a number: the Q-values returned
+    as Python lists) raises a :class:`PredictorError` saying what came and what is expected,
+    instead of a shape error about the first row.
+    """
     if isinstance(outputs, (list, tuple)):
         if not outputs:
             raise PredictorError("predictor returned an empty list; expected [Q-values, ...] or "
                                  "a Q-value array")
-        return outputs[0]
+        first = outputs[0]
+        if not isinstance(first, np.ndarray) and _ndim(first) != 2:
+            raise PredictorError(
+                f"predictor returned a Python {type(outputs).__name__} of {len(outputs)} items "
+                f"whose first is {type(first).__name__} {_shape(first)}: a list or tuple is read "
+                f"as tensorpack's [Q-values, ...], its first item the Q-values of all the states, "
+                f"shape (n_states, num_actions). Return the Q-values as an array "
+                f"(numpy.asarray(q)) or as [q]")
+        return first
     return outputs
+
+
+def _ndim(value: Any) -> int | None:
+    try:
+        return int(np.ndim(value))
+    except ValueError:          # ragged nested lists
+        return None
+
+
+def _shape(value: Any) -> str:
+    try:
+        return f"of shape {np.shape(value)}"
+    except ValueError:
+        return "(ragged)"
 
 
 def check_q_values(q: Any, n: int, num_actions: int) -> np.ndarray:

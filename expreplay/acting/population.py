@@ -425,8 +425,12 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _lossy(space: Any, src: np.dtype, dtype: np.dtype) -> str | None:
     """Why values of ``space`` can not be stored as ``dtype`` (the memory's rule, read on the
     space's dtype and bounds), or None."""
-    if dtype.kind == 'f' or src == dtype or src.kind not in 'biuf':
-        return None   # a float memory takes what is finite; other kinds are checked per step
+    from ..storage._inputs import lossy_float   # the memory's rule for floats, not a copy
+    if src == dtype or src.kind not in 'biuf':
+        return None
+    if dtype.kind == 'f':
+        # A float memory takes what is finite (checked per step), unless it rounds (float16).
+        return f"{src}" if lossy_float(src, dtype) else None
     if src.kind == 'f':
         return f"{src}"
     low, high = getattr(space, 'low', None), getattr(space, 'high', None)

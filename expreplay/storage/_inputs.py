@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 from .._checks import check_dtype
 
 __all__ = ['as_frame', 'check_frames', 'check_rewards', 'unstorable_rewards', 'unstorable_frames',
+           'lossy_float',
            'check_actions', 'check_flags',
            'check_action', 'check_reward', 'check_extra_fields', 'check_extras']
 
@@ -126,13 +127,20 @@ def check_flags(flags: ArrayLike, name: str) -> np.ndarray:
     return arr
 
 
+def lossy_float(src: np.dtype, dtype: np.dtype) -> bool:
+    """Whether floats of ``src`` lose precision in a float memory of ``dtype`` that is narrower
+    than float32 (float16). float64 into float32 is what a float32 memory is for: accepted."""
+    return src.kind == 'f' and dtype.kind == 'f' and dtype.itemsize < min(src.itemsize, 4)
+
+
 def _unstorable(arr, dtype, what='frames'):
     """Why ``arr`` can not be stored as ``dtype`` exactly: None, or (flat index or None, reason).
 
     Integers must fit (no wrap-around), bools hold 0 and 1 only, a float memory takes finite
     values within its range and integers it represents exactly (float32 rounds 2**40 + 1);
     float to int is lossy by kind. Rounding float64 fractions into float32 is accepted: it is
-    what a float32 memory is for.
+    what a float32 memory is for; rounding float32 or float64 into float16 (3 significant
+    digits) is not, as it silently loses what the env computed (:func:`lossy_float`).
     """
     src = arr.dtype
     if src.kind not in 'biuf':
@@ -158,6 +166,10 @@ def _unstorable(arr, dtype, what='frames'):
         return None
     # A float memory.
     finfo = np.finfo(dtype)
+    if lossy_float(src, dtype):
+        return None, (f"has dtype {src}, which a {dtype} memory would round to "
+                      f"{finfo.precision} significant digits: store it in a memory of "
+                      f"dtype='float32', or convert the observations to {dtype} yourself")
     if src.kind == 'f':
         if src == dtype and np.isfinite(arr).all():
             return None

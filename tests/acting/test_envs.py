@@ -267,3 +267,19 @@ def test_async_engine_end_to_end_every_sampled_transition():
     rng = np.random.default_rng(0)
     for _ in range(10):
         check_batch(mem.sample_batch(64, rng=rng), envs, 3)
+
+
+def test_a_float_space_is_refused_by_a_float16_memory_naming_the_fix():
+    """The population's check of the player's observation space applies the memory's rule:
+    float32 observations would be rounded by a float16 memory."""
+    from expreplay.acting.population import check_observation_space
+
+    class Player:
+        observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+    with pytest.raises(ValueError, match=r"observations are float32 .* which dtype='float16' can "
+                                         r"not store: pass dtype='float32'"):
+        check_observation_space(Player(), (4,), 'float16')
+    with pytest.raises(ValueError, match=r"state_dtype='float16' can not store: pass "
+                                         r"state_dtype='float32'"):
+        check_observation_space(Player(), (4,), 'float16', dtype_arg='state_dtype')
+    check_observation_space(Player(), (4,), 'float32')      # stored as they come

@@ -211,7 +211,12 @@ class WrongQ:
     (lambda n: np.full((n, 3), 'a'), 'dtype'),                                # strings
     (lambda n: np.array([[object()] * 3] * n), 'dtype'),                      # objects
     (lambda n: [np.zeros((n + 1, 3))], r'shape'),                             # wrong row count
-], ids=['9-columns', '1-column', 'nan', 'inf32', 'strings', 'objects', 'rows'])
+    # Q-values as Python lists: read as tensorpack's [Q, ...], the message says so.
+    (lambda n: np.zeros((n, 3)).tolist(),
+     r"a Python list of \d+ items whose first is list of shape \(3,\).*tensorpack's \[Q-values"),
+    (lambda n: [0.0, 1.0, 2.0],
+     r"list of 3 items whose first is float of shape \(\).*\(n_states, num_actions\)"),
+], ids=['9-columns', '1-column', 'nan', 'inf32', 'strings', 'objects', 'rows', 'lists', 'a-row'])
 @pytest.mark.parametrize('n_runners', [1, 3], ids=['inline', 'threads'])
 def test_bad_q_values_are_a_predictor_error_and_no_action_reaches_an_env(bad, match, n_runners):
     envs = {i: ScriptedEnv(i) for i in range(n_runners)}

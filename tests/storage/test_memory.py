@@ -275,6 +275,27 @@ def test_bad_step_input_names_the_argument_and_changes_nothing():
         mem.append(Experience(np.zeros(3, np.uint8), 0, 0.0, False))
 
 
+@pytest.mark.parametrize('src', [np.float32, np.float64])
+def test_a_float16_memory_refuses_wider_floats_naming_the_argument_and_the_fix(src):
+    """float16 keeps 3 significant digits: wider float observations would be rounded silently,
+    so they are refused as int32 values are by a uint8 memory; float16 ones are stored."""
+    mem = ReplayMemory(100, (4,), 2, 'float16')
+    w = mem.new_writer()
+    fix = r"would round to 3 significant digits: store it in a memory of dtype='float32'"
+    with pytest.raises(TypeError, match=rf"obs has dtype {np.dtype(src)}, which a float16 memory {fix}"):
+        w.start_episode(np.full(4, 0.1, src))
+    w.start_episode(np.full(4, 0.1, np.float16))
+    with pytest.raises(TypeError, match=rf'next_obs has dtype {np.dtype(src)}.*{fix}'):
+        w.add_step(0, 0.0, np.full(4, 0.2, src))
+    bw = mem.new_batch_writer(1)
+    with pytest.raises(TypeError, match=rf'frames has dtype {np.dtype(src)}.*{fix}'):
+        bw.start_episodes([0], np.full((1, 4), 0.1, src))
+    w.add_step(0, 0.0, np.full(4, 0.2, np.float16))
+    assert len(mem) == 1
+    # float64 into float32 is what a float32 memory is for.
+    ReplayMemory(100, (4,), 2, 'float32').new_writer().start_episode(np.full(4, 0.1))
+
+
 def test_state_ranks_and_dtypes():
     for shape, dtype in [((5,), np.float32), ((3, 4), np.int16), ((6, 5, 3), np.uint8)]:
         mem = ReplayMemory(30, shape, 3, dtype=dtype)
