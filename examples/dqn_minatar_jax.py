@@ -84,7 +84,9 @@ def argument_parser():
 
 
 if __name__ == '__main__':
-    argument_parser().parse_args()   # --help and bad flags answer before JAX and MinAtar load
+    _args = argument_parser().parse_args()   # --help and bad flags answer before JAX loads
+    print(f"DQN (JAX) on MinAtar {GAMES[_args.game]}, {_args.frames} frames, seed {_args.seed}: "
+          "loading JAX and MinAtar...", flush=True)
 
 # Two host devices on a CPU: the update runs on one, the players' greedy actions on the other.
 os.environ.setdefault('XLA_FLAGS', '--xla_force_host_platform_device_count=2')
@@ -231,6 +233,7 @@ def resources():
 def save_learner(path, state, counters):
     """The learner's pytrees as numbered leaves plus its counters, replaced atomically."""
     leaves = {f'leaf{i}': np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     tmp = path + '.tmp.npz'
     np.savez(tmp, **leaves, **{k: np.asarray(v) for k, v in counters.items()})
     os.replace(tmp, path)
@@ -288,39 +291,44 @@ def train(args):
     last_frames, soak_shown, pending = frames, False, None
     with stream:   # closing joins every thread and saves the memory, also on Ctrl-C or an error
         first_frames = max(frames, args.replay_start)   # in the memory when the first batch is drawn
-        for batch in stream:   # one frame stepped (the previous weights act), then a batch drawn
-            # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
-            new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
-                                   batch.next_state[..., 0], batch.discount, batch.weights)
-            policy.load(state[0])   # the weights before this update act for the next frame
-            state = new_state
-            updates += 1
-            frames = first_frames + updates - resumed_updates - 1   # frames in the memory now
-            if updates % args.target_update == 0:
-                state = (state[0], state[0], state[2])
-            if args.prioritized:
-                # One batch late: reading this batch's |TD| now would wait for the update.
-                if pending is not None:
-                    stream.update_priorities(*pending)
-                pending = (batch.indices, td)
+        try:
+            for batch in stream:   # one frame stepped (the previous weights act), then a batch drawn
+                # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
+                new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
+                                       batch.next_state[..., 0], batch.discount, batch.weights)
+                policy.load(state[0])   # the weights before this update act for the next frame
+                state = new_state
+                updates += 1
+                frames = first_frames + updates - resumed_updates - 1   # frames in the memory now
+                if updates % args.target_update == 0:
+                    state = (state[0], state[0], state[2])
+                if args.prioritized:
+                    # One batch late: reading this batch's |TD| now would wait for the update.
+                    if pending is not None:
+                        stream.update_priorities(*pending)
+                    pending = (batch.indices, td)
 
-            now = time.time()
-            if now - last_log >= args.log_every or frames >= args.frames:
-                scores = episodes.recent()
-                line = (f"progress: {frames} frames ({(frames - last_frames) / (now - last_log):.0f}/s), "
-                        f"{updates} updates, {len(scores)} games")
-                if scores:
-                    line += f", mean score {np.mean(scores):.2f} (max {max(scores):.0f})"
-                print(line + f", epsilon {stream.exploration:.3f}", flush=True)
-                last_log, last_frames = now, frames
-                if not soak_shown and now - start >= 60:
-                    print(resources(), flush=True)
-                    soak_shown = True
-            if learner_file and (frames % args.checkpoint_every == 0 or frames >= args.frames):
-                stream.save_memory()
+                now = time.time()
+                if now - last_log >= args.log_every or frames >= args.frames:
+                    scores = episodes.recent()
+                    line = (f"progress: {frames} frames ({(frames - last_frames) / (now - last_log):.0f}/s), "
+                            f"{updates} updates, {len(scores)} games")
+                    if scores:
+                        line += f", mean score {np.mean(scores):.2f} (max {max(scores):.0f})"
+                    print(line + f", epsilon {stream.exploration:.3f}", flush=True)
+                    last_log, last_frames = now, frames
+                    if not soak_shown and now - start >= 60:
+                        print(resources(), flush=True)
+                        soak_shown = True
+                if learner_file and frames % args.checkpoint_every == 0:
+                    stream.save_memory()
+                    save_learner(learner_file, state, {'frames': frames, 'updates': updates})
+                if frames >= args.frames:
+                    break
+        finally:   # also on Ctrl-C: the learner at the frame the memory is saved at (on close)
+            if learner_file:
                 save_learner(learner_file, state, {'frames': frames, 'updates': updates})
-            if frames >= args.frames:
-                break
+
     episodes.close()
     print(resources(), flush=True)
     print(f"training done: {frames} frames, {len(episodes.rows)} games in "
@@ -347,7 +355,16 @@ def evaluate(network, params, game, episodes, seed, max_frames=10_000):
 
 def main(argv=None):
     args = argument_parser().parse_args(argv)
-    params, network, _ = train(args)
+    try:
+        params, network, _ = train(args)
+    except KeyboardInterrupt:
+        if args.checkpoint_dir and os.path.exists(os.path.join(args.checkpoint_dir, 'learner.npz')):
+            print(f"stopped: the memory and the learner are saved in {args.checkpoint_dir}; "
+                  "run the same command to go on", flush=True)
+        else:
+            print("stopped: nothing saved" + ("" if args.checkpoint_dir else
+                                              " (no --checkpoint-dir)"), flush=True)
+        return None
     if args.eval_episodes:
         scores = evaluate(network, params, args.game, args.eval_episodes, seed=10**6 + args.seed)
         print(f"greedy mean score {scores.mean():.2f} over {len(scores)} episodes", flush=True)

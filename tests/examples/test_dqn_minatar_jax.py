@@ -15,6 +15,7 @@ script, is that subprocess).
 """
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -130,3 +131,33 @@ def test_help_answers_before_jax_loads():
     assert out.returncode == 0 and '--checkpoint-dir' in out.stdout
     assert '(default: 5000000)' in ' '.join(out.stdout.split())   # the defaults are shown
     assert ' jax' not in out.stderr and 'minatar' not in out.stderr   # -X importtime's list
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
+    pytest.importorskip('jax')
+    pytest.importorskip('minatar')
+    args = [sys.executable, '-u', os.path.join(EXAMPLE_DIR, 'dqn_minatar_jax.py'),
+            '--frames', '100000', '--replay-start', '300', '--memory-size', '5000',
+            '--log-every', '0', '--checkpoint-dir', 'ckpt']
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=tmp_path, env=dict(os.environ, OPENBLAS_NUM_THREADS='1'))
+    try:
+        progress = 0
+        for line in proc.stdout:          # training has started: interrupt it mid-run
+            progress += line.startswith('progress:')
+            if progress == 50:
+                proc.send_signal(signal.SIGINT)
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, rest[-3000:]
+    assert 'stopped: the memory and the learner are saved in ckpt' in rest, rest[-3000:]
+    with np.load(tmp_path / 'ckpt' / 'learner.npz') as saved:
+        frames = int(saved['frames'])
+    assert frames >= 300 + 48
+    resumed = example(['--frames', str(frames + 200), *args[5:]], tmp_path)
+    assert f'resuming from ckpt: frame {frames}' in resumed
+    assert f'training done: {frames + 200} frames' in resumed
