@@ -370,7 +370,7 @@ class ExpReplay(DataFlow, Callback):
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """New priorities for a batch's ``indices`` (see :meth:`ReplayStream.update_priorities`);
-        :class:`PriorityFeedback` in ``examples/dqn_model.py`` calls it after every step."""
+        :class:`PriorityFeedback` in ``examples/tensorpack_dqn.py`` calls it after every step."""
         return self.stream.update_priorities(indices, priorities)
 
 
