@@ -211,6 +211,16 @@ class BatchWriter:
         self._cur_slot[:] = -1
         self._closed = True
 
+    def refill(self) -> bool:
+        """When a call could find a lane's block full (no call left before one may be), give
+        the full lanes new blocks now, so that the next call's common case runs in the C
+        kernel; True if it did. (A block it claims for a call that then fails its checks
+        simply waits for the lane's next frame.)"""
+        if self._safe[0] > 0 or self._closed:
+            return False
+        self._claim_where_full()
+        return True
+
     def kernel_binding(self) -> Any:
         """The ring's C kernel bound to this writer's cursors (None when not built)."""
         return self._ring.bind_kernel(self._cursors())
@@ -316,7 +326,8 @@ class LaneWriter:
         An episode still open is abandoned: its steps so far stay sampleable.
         """
         store = self._store
-        if store is not None and self._ring.kernel_start(store, obs):
+        if store is not None and (self._ring.kernel_start(store, obs) or (
+                self._writer.refill() and self._ring.kernel_start(store, obs))):
             return
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
@@ -337,8 +348,10 @@ class LaneWriter:
                 transition from the current observation.
         """
         store = self._store
-        if store is not None and extras is None and self._ring.kernel_step(
-                store, action, reward, next_obs, terminated, truncated):
+        if store is not None and extras is None and (self._ring.kernel_step(
+                store, action, reward, next_obs, terminated, truncated) or (
+                self._writer.refill() and self._ring.kernel_step(
+                    store, action, reward, next_obs, terminated, truncated))):
             # The common case (int action, float reward, a frame of the memory's shape and
             # dtype, bool ends, room in the block) checked and stored in one C call.
             return
