@@ -59,6 +59,10 @@ class LaneEpisodes:
         self._finished: list[tuple[GroupMember, Any]] = []   # records of this step, emitted after it
         self._env_state = env_state
         self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
+        # The acting kernel and the arrays its push_steps updates, bound once (the common step).
+        self._kernel = self._history.kernel
+        self._push_tables = (*self._history.buffers(), self._history.history_len, self._score,
+                             self._length, self._lives)
 
     # ------------------------------------------------------------------ reading
     def states(self, lanes: np.ndarray) -> np.ndarray:
@@ -90,13 +94,12 @@ class LaneEpisodes:
         memory block: the ring's write (:meth:`BatchWriter.try_add_steps`) and the lanes' own
         bookkeeping (history, score, length, lives: the acting kernel's ``push_steps``, the
         numpy path's rules of :meth:`store`); False, nothing written, otherwise."""
-        ext = self._history.kernel
+        ext = self._kernel
         if ext is None or not ext.lives_kept(lanes, lives, self._lives) \
                 or not self._writer.try_add_steps(lanes, actions, rewards, frames, terminated,
                                                   truncated):
             return False
-        if ext.push_steps(lanes, frames, rewards, lives, *self._history.buffers(),
-                          self._history.history_len, self._score, self._length, self._lives):
+        if ext.push_steps(lanes, frames, rewards, lives, *self._push_tables):
             # A table the kernel does not take (it checked before changing anything).
             self._score[lanes] += rewards
             self._length[lanes] += 1
