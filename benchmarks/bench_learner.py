@@ -14,7 +14,9 @@ over rounds):
   ``prefetch=0``), frames/s read from its progress lines after the first (compilation).
 - ``numpy run``: ``examples/dqn_minatar.py``, the same set-up with the numpy learner.
 - ``breakdown``: the JAX example's own ``train`` with timers around its parts (the env step and
-  the acting, the draw, the update's dispatch, the wait for the previous update), per frame.
+  the acting, the draw, the update's dispatch, the wait for the previous update, the weights'
+  hand-over to the players), per frame; what is left of the whole frame is the loop's own
+  bookkeeping and the stream's pacing.
 
 Prints the medians, ``jax run / learner`` (1.0: acting, inserting and drawing cost the run
 nothing, all hidden under the update) and ``jax run / numpy run``. The two examples run past
@@ -50,7 +52,8 @@ with ReplayStream(memory, Population(lambda: ex.make_env(game), 1, seed=0), Samp
 args = [(b.state[..., 0], b.action, b.reward, b.next_state[..., 0], b.discount, b.weights) for b in batches]
 network, optimizer = ex.QNetwork(actions), ex.centred_rmsprop(2.5e-4)
 params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 10, channels)))
-state, update = (params, params, optimizer.init(params)), ex.make_update(network, optimizer)
+flat, unravel = ex.ravel_pytree(params)
+state, update = (flat, flat, optimizer.init(flat)), ex.make_update(network, unravel, optimizer)
 for i in range(200):
     state, td = update(state, *args[i % 64])
 jax.block_until_ready(state)
@@ -71,7 +74,8 @@ from expreplay import ReplayStream
 from expreplay.acting.population import Population
 game, frames = sys.argv[1], int(sys.argv[2])
 spent = {'env step and acting (incl. the greedy forward)': 0.0, 'greedy forward': 0.0,
-         'draw': 0.0, 'update dispatch': 0.0, 'wait for the previous update': 0.0}
+         'draw': 0.0, 'update dispatch': 0.0, 'wait for the previous update': 0.0,
+         'weights to the players': 0.0}
 
 def timed(key, fn):
     def wrapper(*a, **k):
@@ -102,8 +106,10 @@ load = ex.GreedyPolicy.load
 def load_waiting(self, params):     # the acting weights: ready only when their update is done
     t = time.perf_counter()
     jax.block_until_ready(params)
-    spent['wait for the previous update'] += time.perf_counter() - t
+    t2 = time.perf_counter()
+    spent['wait for the previous update'] += t2 - t
     load(self, params)
+    spent['weights to the players'] += time.perf_counter() - t2
 ex.GreedyPolicy.load = load_waiting
 args = ex.argument_parser().parse_args(['--game', game, '--frames', str(5_000 + frames),
                                         '--log-every', '1e9'])

@@ -161,3 +161,29 @@ def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
     resumed = example(['--frames', str(frames + 200), *args[5:]], tmp_path)
     assert f'resuming from ckpt: frame {frames}' in resumed
     assert f'training done: {frames + 200} frames' in resumed
+
+
+def test_the_players_numpy_forward_is_the_networks():
+    # The players act through a numpy copy of the forward pass (it runs beside the update in
+    # flight): it must give the flax network's Q-values for the same flat weights.
+    pytest.importorskip('jax')
+    pytest.importorskip('minatar')
+    code = '''
+import sys; sys.path.insert(0, sys.argv[1])
+import numpy as np, jax, jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
+import dqn_minatar_jax as ex
+for channels, actions in ((4, 6), (10, 3)):
+    net = ex.QNetwork(actions)
+    params = net.init(jax.random.PRNGKey(channels), jnp.zeros((1, 10, 10, channels)))
+    flat, _ = ravel_pytree(params)
+    flat = flat + jax.random.normal(jax.random.PRNGKey(1), flat.shape) * 0.1   # not the init
+    params = _(flat)
+    states = np.random.default_rng(0).random((7, 10, 10, channels, 1)) < 0.3
+    q = ex.GreedyPolicy(params, flat)(states)
+    np.testing.assert_allclose(q, np.asarray(net.apply(params, states[..., 0])), rtol=1e-4, atol=1e-5)
+print('ok')
+'''
+    out = subprocess.run([sys.executable, '-c', code, EXAMPLE_DIR], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, OPENBLAS_NUM_THREADS='1'))
+    assert out.returncode == 0 and out.stdout.strip() == 'ok', out.stderr[-3000:]
