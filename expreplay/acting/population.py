@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .._checks import check_callable, check_int, check_probability, check_seed
+from .exploration import Exploration, ExplorationArg
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
 from .manager import EnvRunnerManager
@@ -134,7 +135,7 @@ class Population:
 
     def __init__(self, get_player: Callable[[], Any], num_players: int = 1,
                  predictor: Callable[[np.ndarray], Any] | None = None, *,
-                 exploration: float | Callable[[int], float] = 1.0, maximum_staleness: int | None = None,
+                 exploration: ExplorationArg = 1.0, maximum_staleness: int | None = None,
                  seed: int | None = None, episode_starts: Any = None,
                  episode_log_dir: str | os.PathLike | None = None,
                  on_episode_end: Callable[[EpisodeRecord], None] | None = None,
@@ -144,9 +145,7 @@ class Population:
         check_callable(predictor, 'predictor', allow_none=True)
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
         self.num_players = check_int(num_players, 'num_players', 1, allow_float=True)
-        self._exploration = 1.0
-        self._schedule: Callable[[int], float] | None = None
-        self.exploration = exploration           # checked by the property
+        self._exploration = Exploration(exploration)
         self.maximum_staleness = None if maximum_staleness is None else check_int(
             maximum_staleness, 'maximum_staleness', 1, allow_float=True)
         self.seed = check_seed(seed, 'seed')
@@ -174,28 +173,18 @@ class Population:
     # ------------------------------------------------------------------ acting settings
     @property
     def exploration(self) -> float:
-        """Epsilon of the runners now (the schedule's value at the steps stored so far, if
-        ``exploration`` is a schedule); assign a number or a schedule to change it (the next
-        step request carries it)."""
-        schedule = self._schedule
-        if schedule is None:
-            return self._exploration
-        steps = self.manager.progress()[0] if self.manager is not None else 0
-        return check_probability(schedule(steps), 'exploration (the schedule\'s value)')
+        """Epsilon of the runners now (a schedule's value at the steps stored so far); assign a
+        number or a schedule to change it (the next step request carries it)."""
+        return self._exploration.at(self.manager.progress()[0] if self.manager is not None else 0)
 
     @exploration.setter
-    def exploration(self, value: float | Callable[[int], float]) -> None:
-        if callable(value):
-            check_probability(value(0), 'exploration (the schedule\'s value at step 0)')
-            self._schedule = value
-        else:
-            self._exploration = check_probability(value, 'exploration')
-            self._schedule = None
+    def exploration(self, value: ExplorationArg) -> None:
+        self._exploration.set(value)
 
     @property
     def exploration_schedule(self) -> Callable[[int], float] | None:
         """The schedule given as ``exploration``, or None when it is a number."""
-        return self._schedule
+        return self._exploration.schedule
 
     @property
     def predictor(self) -> Callable[[np.ndarray], Any] | None:

@@ -100,6 +100,7 @@ from .fill import ProgressArg, check_progress, fill_memory
 from .pacing import Pacer
 from .prefetch import Prefetcher
 from .sampling import Sampling
+from .watch import RandomPlayWatch
 
 if TYPE_CHECKING:
     from ..acting.episodes import EpisodeTotals
@@ -108,10 +109,6 @@ if TYPE_CHECKING:
     from .ratelimit import SampleToInsertRatio
 
 __all__ = ['ReplayStream', 'DEFAULT_PREFETCH']
-
-# Batches drawn after the fill with every step at exploration 1.0 before the stream warns that
-# the Q-function is never used (a training loop that forgot to lower epsilon learns nothing).
-RANDOM_PLAY_WARNING_BATCHES = 10_000
 
 # Batches the prefetch thread keeps ready by default: enough to absorb the players' and the
 # sampler's jitter for a learner taking 1 ms per batch (benchmarks/bench_e2e.py measures it).
@@ -144,12 +141,9 @@ class ReplayStream:
             ``batch_size`` are always collected).
         prefetch (int): batches a thread of the stream's own draws ahead (0: drawn in the
             learner's ``next()``); see "Prefetch" in :mod:`expreplay.stream.replay_stream` for
-            what the depth means for freshness and prioritized replay. None (the default):
-            0 when the population has one player, :data:`DEFAULT_PREFETCH` otherwise. One
-            player is stepped by the thread that draws (there is no simulator thread to
-            overlap with), so a prefetch thread would only move that work to a thread that
-            competes with the learner's for the GIL and the cores: with a fast learner on 2
-            cores it made runs slower, never faster (benchmarks/bench_learner.py).
+            what the depth means for freshness and prioritized replay. None: 0 with one player
+            (the drawing thread steps it: a prefetch thread would only compete with the
+            learner's for the GIL and the cores), :data:`DEFAULT_PREFETCH` with several.
         checkpoint_dir (str): where the memory is saved (:meth:`save_memory`, :meth:`close`).
             When a checkpoint is there and ``memory`` is empty, the checkpoint is loaded in its
             place (it must have ``memory``'s size, frame shape, history, dtype and
@@ -196,7 +190,7 @@ class ReplayStream:
         self._lock = threading.Lock()     # guards start/close against each other
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
-        self._random_batches: int | None = 0   # batches drawn at exploration 1.0; None once not
+        self._random_play = RandomPlayWatch(population)
 
     # ------------------------------------------------------------------ the learner's knobs
     @property
@@ -368,26 +362,8 @@ class ReplayStream:
         """The requests due before the next batch (see the module docstring), then the batch."""
         assert self._pacer is not None
         self._pacer.before_draw()
-        if self._random_batches is not None:
-            self._watch_random_play()
+        self._random_play.after_draw()
         return self.sample()
-
-    def _watch_random_play(self) -> None:
-        """Warn once if the players still act only at random after many batches."""
-        population = self.population
-        if population.exploration < 1.0 or population.predictor is None:
-            self._random_batches = None     # greedy actions are taken, or none can be
-            return
-        assert self._random_batches is not None
-        self._random_batches += 1
-        if self._random_batches >= RANDOM_PLAY_WARNING_BATCHES:
-            self._random_batches = None
-            warnings.warn(
-                f"ReplayStream: {RANDOM_PLAY_WARNING_BATCHES} batches drawn since the initial "
-                "fill and every step was taken at exploration 1.0: the players never use the "
-                "predictor. Lower epsilon as the training goes, once with a schedule "
-                "(Population(exploration=lambda steps: max(0.1, 1 - steps / 100_000))) or by "
-                "assigning stream.exploration", RuntimeWarning, stacklevel=2)
 
     def sample(self) -> list[np.ndarray] | SampleBatch:
         """One batch, without requesting new environment steps (thread-safe)."""

@@ -76,9 +76,10 @@ class BigRewards(gym.Env):
 
 def test_a_single_env_is_wrapped_in_clip_reward(monkeypatch, players, dqn_atari):
     monkeypatch.setattr(dqn_atari, 'get_player', lambda args, train=False: BigRewards())
-    env = players('--prioritized', '--update-frequency', 4)
+    # Single-env players (--vector 0): the default is ale-py's vector env.
+    env = players('--vector', 0, '--prioritized', '--update-frequency', 4)
     env.reset()
     assert env.step(1)[1] == 1.0 and env.step(0)[1] == -1.0
-    plain = players()
+    plain = players('--vector', 0)
     plain.reset()
     assert plain.step(1)[1] == 37.0                  # uniform 1-step: the model clips
