@@ -31,7 +31,7 @@ CI_ARGS = ['--game', 'breakout', '--frames', '30000', '--replay-start', '1000',
            '--memory-size', '30000', '--exploration-frames', '5000', '--target-update', '250',
            '--lr', '1e-3', '--log-every', '1e9']
 EVAL_EPISODES = 100
-BAR = 3.0
+BAR = 3.5
 
 DEFECTS = {
     'none': lambda batch, rng: batch,
