@@ -66,6 +66,7 @@ import json
 import os
 import queue
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -411,7 +412,7 @@ def run_profile(args):
                    for label, variant in PROFILE_SETUPS]
     modes = ['plain', 'counters', 'gil']
     out = {'case': 'profile', 'profile': {label: {m: [] for m in modes} for label, _ in contestants}}
-    spy_path = f'/tmp/bench_e2e_gil_{os.getpid()}.txt'
+    spy_path = os.path.join(tempfile.gettempdir(), f'bench_e2e_gil_{os.getpid()}.txt')
     for r in range(args.rounds):
         order = contestants if r % 2 == 0 else contestants[::-1]
         for mode in (modes if r % 2 == 0 else modes[::-1]):

@@ -20,7 +20,7 @@ the preprocessing (grayscale 84x84, frameskip 4 with max-pool, no-op starts, fir
 
 The players are ale-py's vector env by default: it steps its games in C++ threads that release
 the GIL, where threads stepping single ALE envs take turns (ale-py's ``act`` holds the GIL), so
-a learner gets its batches faster. How fast this runs: README.md, section Examples. Pong needs a
+a learner gets its batches faster. How fast this runs: docs/examples.md. Pong needs a
 few million agent steps: days on a CPU, hours on a GPU.
 """
 
