@@ -246,10 +246,15 @@ class EpisodeLog:
 
 def resources():
     """Threads, open files and resident memory of this process (the long runs' soak record)."""
-    rss = next((int(line.split()[1]) // 1024 for line in open('/proc/self/status')
-                if line.startswith('VmRSS')), -1) if os.path.exists('/proc/self/status') else -1
+    status = {}    # Linux's view of the process; elsewhere -1
+    if os.path.exists('/proc/self/status'):
+        with open('/proc/self/status') as f:
+            status = dict(line.split(':', 1) for line in f if ':' in line)
+    rss = int(status.get('VmRSS', '-1024 kB').split()[0]) // 1024
+    os_threads = int(status.get('Threads', '-1'))    # XLA's and the BLAS's threads included
     files = len(os.listdir('/proc/self/fd')) if os.path.isdir('/proc/self/fd') else -1
-    return f"resources: threads {threading.active_count()}, open files {files}, resident {rss} MB"
+    return (f"resources: threads {threading.active_count()} Python, {os_threads} in all, "
+            f"open files {files}, resident {rss} MB")
 
 
 def save_learner(path, state, counters):
