@@ -23,6 +23,7 @@ import numpy as np
 
 from . import _gather
 from ._gather import gather_frames
+from ._recycled import ArrayPool
 from ._slots import _HAS_ACTION, _TERMINATED, _VALID
 from .ring import BlockRing
 
@@ -78,6 +79,7 @@ class Sampler:
         self.ring = ring
         self._kernel = None       # the C sampler bound to the tables, built at first use
         self._stacked: tuple[np.ndarray, np.ndarray] | None = None
+        self._pool = ArrayPool()  # the arrays of batches nobody holds any more, refilled
 
     # ------------------------------------------------------------------ batches
     def comb_batch(self, batch_size: int, rng: Any, layout: str,
@@ -91,9 +93,10 @@ class Sampler:
             slots = self.draw_uniform(batch_size, rng)
             if kernel is not None:
                 if out is None:
-                    out = [np.empty(self.state_shape(batch_size, k, layout), ring.dtype),
-                           np.empty(batch_size, np.int32), np.empty(batch_size, np.float32),
-                           np.empty(batch_size, bool)]
+                    out = self._pool.take(('comb', batch_size, k, layout), lambda: (
+                        np.empty(self.state_shape(batch_size, k, layout), ring.dtype),
+                        np.empty(batch_size, np.int32), np.empty(batch_size, np.float32),
+                        np.empty(batch_size, bool)))
                 kernel.comb(slots, layout == 'NCHW', *out)
                 return out
             comb_state = gather_frames(ring.frames, ring.frame_index(slots), layout)
@@ -184,14 +187,16 @@ class Sampler:
         return (batch_size, frames) + self.ring.state_shape
 
     def empty_sample(self, batch_size: int, shape: tuple[int, ...]) -> SampleBatch:
-        """An uninitialized :class:`SampleBatch` of ``batch_size`` rows, states of ``shape``."""
-        b, dtype = batch_size, self.ring.dtype
-        return SampleBatch(np.empty(shape, dtype), np.empty(b, np.int32),
-                           np.empty(b, np.float32), np.empty(shape, dtype),
-                           np.empty(b, np.float32), np.empty(b, bool), np.empty(b, np.int64),
-                           np.empty(b, np.float32),
-                           extras={name: np.empty(b, arr.dtype)
-                                   for name, arr in self.ring.extras.items()})
+        """An uninitialized :class:`SampleBatch` of ``batch_size`` rows, states of ``shape``
+        (the arrays of one that nothing refers to any more, or new ones). Caller holds the
+        lock."""
+        b, dtype, extras = batch_size, self.ring.dtype, self.ring.extras
+        arrays = self._pool.take(('sample', b, shape), lambda: (
+            np.empty(shape, dtype), np.empty(b, np.int32), np.empty(b, np.float32),
+            np.empty(shape, dtype), np.empty(b, np.float32), np.empty(b, bool),
+            np.empty(b, np.int64), np.empty(b, np.float32),
+            *(np.empty(b, arr.dtype) for arr in extras.values())))
+        return SampleBatch(*arrays[:8], extras=dict(zip(extras, arrays[8:])))
 
     def kernel(self, frames: int = 1, layout: str = 'NCHW') -> Any:
         """The C sampler bound to the ring's tables (:func:`expreplay.storage._gather.Ring`), or
