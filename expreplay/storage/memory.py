@@ -39,7 +39,7 @@ from .stored_episodes import StoredEpisodes, episode_starts, read_episode
 from .writers import BatchWriter, LaneWriter, TensorpackAppender
 
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
-           'check_frames', 'check_rewards', 'check_actions', 'check_flags']
+           'check_frames', 'check_rewards', 'check_actions', 'check_flags', 'load_into']
 
 
 
@@ -382,9 +382,43 @@ def _load(cls: type[ReplayMemory], path: str, expected: Mapping[str, Any]) -> Re
         mem = source.build(lambda: cls(max_size, config['state_shape'], config['history_len'],
                                        config['dtype'], block_size=bs,
                                        **{k: config[k] for k in _OPTIONAL_SETTINGS if k in config}))
-        source.check_tables(mem.ring.table_names())
-        mem.ring.load_state(source.counters, source)
+        _fill(mem, source)
     return mem
+
+
+def load_into(memory: ReplayMemory, path: str | os.PathLike[str]) -> None:
+    """Fill ``memory`` in place with the checkpoint at ``path`` (:meth:`ReplayMemory.save`'s):
+    the object the caller holds becomes the saved memory, as :meth:`ReplayMemory.load` would
+    have built it, so whatever already refers to it (a stream, a script) sees the transitions.
+
+    ``memory`` must be new: nothing written to it and no block taken by a writer (a
+    ``ValueError`` says so otherwise). The file must have all of ``memory``'s settings
+    (``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
+    ``prioritized``, ``alpha``, ``priority_eps``, ``extra_fields``); a :class:`CheckpointError`
+    names each that differs, and any failure to read the file leaves ``memory`` empty, as it
+    was. ``FileNotFoundError`` when there is no file.
+    """
+    path = os.fspath(path)
+    priority: Mapping[str, float | None] = memory.priority_settings or dict(alpha=None,
+                                                                           priority_eps=None)
+    expected = _checkpoint.expected_settings(
+        max_size=memory.max_size, state_shape=memory.state_shape,
+        history_len=memory.history_len, dtype=memory.dtype, block_size=memory.block_size,
+        prioritized=memory.prioritized, extra_fields=memory.extra_fields, **priority)
+    with _checkpoint.open_checkpoint(path) as source:
+        source.check_settings(expected)
+        with memory.ring.lock:
+            if not memory.ring.untouched:
+                raise ValueError(f"load_into needs a new memory: this one has "
+                                 f"{memory.num_steps_written} steps written or blocks taken by "
+                                 f"writers, which {path} would overwrite")
+            _fill(memory, source)
+
+
+def _fill(mem: ReplayMemory, source: _checkpoint.CheckpointSource) -> None:
+    """``mem``'s new ring filled from ``source`` (and checked) by the ring itself."""
+    source.check_tables(mem.ring.table_names())
+    mem.ring.load_state(source.counters, source)
 
 
 _OPTIONAL_SETTINGS = ('prioritized', 'alpha', 'priority_eps', 'extra_fields')

@@ -404,9 +404,18 @@ class BlockRing(_LaneGeometry):
         """The names of :meth:`state`'s tables for this ring."""
         return [name for name, _, _ in self.tables()]
 
+    @property
+    def untouched(self) -> bool:
+        """Nothing was ever written and no writer holds a block: a ring :meth:`load_state` may
+        fill."""
+        return self.num_steps_written == 0 and len(self.free) == self.num_blocks
+
     def load_state(self, counters: Mapping[str, Any], source: Any) -> None:
-        """Fill this new ring (nothing written yet) with an exported :meth:`state`, then check
+        """Fill this new ring (:attr:`untouched`) with an exported :meth:`state`, then check
         it against the invariants (I1-I7: :func:`~expreplay.storage._checkpoint_checks.validate`).
+        The tables are filled in place: the arrays stay those that writers and samplers may
+        have bound. If reading or checking fails, the ring is a new one again before the error
+        propagates.
 
         ``source`` supplies the tables: ``source.read_into(name, targets, dtype, shape)`` fills
         the C-contiguous ``targets`` in order, ``source.read_queue(name, max_len)`` returns a
@@ -415,7 +424,11 @@ class BlockRing(_LaneGeometry):
         come from ``counters`` (``num_valid``, ``num_steps_written``; for a prioritized ring
         ``max_priority`` and ``stale_priority_updates``).
         """
-        _load_state(self, counters, source)
+        try:
+            _load_state(self, counters, source)
+        except BaseException:
+            _clear(self)
+            raise
 
     def tables(self) -> list[tuple[str, Any, str]]:
         """(name, array, kind) of every exported table (see :data:`TABLES`), for reading."""
@@ -481,3 +494,21 @@ def _load_state(ring: BlockRing, counters: Mapping[str, Any], source: Any) -> No
     validate(ring, source.fail)
     if ring.priorities is not None:
         ring.priorities.rebuild()
+
+
+def _clear(ring: BlockRing) -> None:
+    """A new ring's tables and counters again, in place (after a :meth:`BlockRing.load_state`
+    that failed part-way). Slot rows the load wrote stay, as garbage of free blocks (I2)."""
+    ring.block_fill[:] = 0
+    ring.block_prev[:] = -1
+    ring.block_next[:] = -1
+    ring.block_prev_intact[:] = False
+    ring.block_state[:] = _FREE
+    ring.block_gen[:] = 0
+    ring.flags[:] = 0
+    ring.free = collections.deque(range(ring.num_blocks))
+    ring.retired = collections.deque()
+    ring.num_valid = ring.num_steps_written = 0
+    if ring.priorities is not None:
+        old = ring.priorities
+        ring.priorities = PriorityIndex(ring.num_slots, old.alpha, old.eps, ring.flags, _VALID)

@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from ..storage.memory import ReplayMemory
+from ..storage.memory import ReplayMemory, load_into
 
 __all__ = ['MemoryCheckpoint']
 
@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 class MemoryCheckpoint:
     """Where a replay memory is saved to and resumed from: ``<directory>/<filename>``.
 
-    Loading checks that the checkpoint matches the memory the caller would otherwise use
-    (size, frame shape, history, dtype, prioritized, and the settings given) and refuses
-    another one with ``ValueError`` naming the setting.
+    :meth:`restore` fills the caller's new memory in place (the object stays the caller's);
+    :meth:`load` builds a new one. Both check that the checkpoint has the settings expected
+    and refuse another one with a ``CheckpointError`` (a ``ValueError``) naming the setting.
     """
 
     FILENAME = 'replay_memory.npz'
@@ -42,13 +42,22 @@ class MemoryCheckpoint:
         logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
         return memory
 
-    def resume(self, memory: ReplayMemory) -> ReplayMemory | None:
-        """The saved memory, expected to have ``memory``'s size, frame shape, history, dtype,
-        prioritization (``alpha`` and ``priority_eps`` included) and extra fields; None when
-        there is no checkpoint yet."""
-        return self.load(memory.max_size, memory.state_shape, memory.history_len, memory.dtype,
-                         prioritized=memory.prioritized, extra_fields=memory.extra_fields,
-                         **(memory.priority_settings or {}))
+    def restore(self, memory: ReplayMemory) -> bool:
+        """Fill ``memory`` in place with the saved one, if there is a checkpoint and ``memory``
+        is new (nothing written to it); True if it did. The checkpoint must have all of
+        ``memory``'s settings (see :func:`~expreplay.storage.memory.load_into`, which refuses
+        another one with a ``CheckpointError`` naming each setting and leaves ``memory``
+        empty). A memory that holds transitions already is left as it is (False): it is the
+        caller's, and the next :meth:`save` writes it over the checkpoint."""
+        if not self.exists():
+            return False
+        if not memory.ring.untouched:
+            logger.info("The replay memory given holds %d transitions: %s is not loaded (a "
+                        "save writes this memory over it).", len(memory), self.path)
+            return False
+        load_into(memory, self.path)
+        logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
+        return True
 
     def save(self, memory: ReplayMemory) -> int:
         """Save ``memory`` atomically (``ReplayMemory.save`` writes aside, then renames, and
