@@ -66,6 +66,10 @@ class StalenessWindow:
         self._unfinished: collections.deque[Request] = collections.deque()   # oldest first
         self._next_seq = 0
         self._pending = 0
+        # Waiters that must be woken whatever changed (wake-ups cost a thread switch each, so
+        # the others are woken only when what they wait for may have happened):
+        self._awaiting_results = 0    # take()s waiting for a request *or* a prediction
+        self._watchers = 0            # wait_for()s (their condition is the caller's)
         self._inserted = 0            # steps stored by finished requests (see progress())
         self._closed = False
         self._halted = False
@@ -122,7 +126,11 @@ class StalenessWindow:
         """Wait until ``ready()`` (looked at whenever requests finish, and at a halt or a
         close); False after ``timeout`` seconds."""
         with self._lock:
-            return self._space.wait_for(ready, timeout)
+            self._watchers += 1
+            try:
+                return self._space.wait_for(ready, timeout)
+            finally:
+                self._watchers -= 1
 
     def progress(self) -> tuple[int, int]:
         """``(steps inserted by finished requests, requests pending)`` at one instant."""
@@ -140,16 +148,26 @@ class StalenessWindow:
         else with ``until`` (a Prediction), wait for one only while it is not done."""
         with self._lock:
             while not self._queue and not self._closed and not self._halted:
-                if not (block or (until is not None and not until.done)):
+                if block:
+                    self._work.wait()
+                elif until is not None and not until.done:
+                    # Counted before the wait, under the lock: wake_workers, which takes the
+                    # lock, either sees it or ran before ``until.done`` was read.
+                    self._awaiting_results += 1
+                    try:
+                        self._work.wait()
+                    finally:
+                        self._awaiting_results -= 1
+                else:
                     break
-                self._work.wait()
             if self._closed or self._halted:
                 return None
             return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
 
     def finish(self, reqs: list[Request], inserted: int) -> None:
-        """Book requests as finished (their ``inserted`` steps are in the memory); wakes
-        step() once."""
+        """Book requests as finished (their ``inserted`` steps are in the memory); wakes the
+        waiters of step() and wait_idle() once, when the window moved (a request finished
+        out of order opens no room)."""
         if not reqs:
             return
         with self._lock:
@@ -157,9 +175,12 @@ class StalenessWindow:
             for req in reqs:
                 req.done = True
             self._pending -= len(reqs)
-            while self._unfinished and self._unfinished[0].done:
-                self._unfinished.popleft()
-            self._space.notify_all()
+            unfinished = self._unfinished
+            moved = bool(unfinished) and unfinished[0].done
+            while unfinished and unfinished[0].done:
+                unfinished.popleft()
+            if moved or not self._pending or self._watchers:
+                self._space.notify_all()
 
     def add_inserted(self, inserted: int) -> None:
         """Steps stored without a queued request (a runner stepped inline)."""
@@ -167,9 +188,12 @@ class StalenessWindow:
             self._inserted += inserted
 
     def wake_workers(self) -> None:
-        """Something a simulator thread may wait for happened (Q-values delivered)."""
+        """Q-values were delivered: wake the simulator threads that wait for a request or
+        their prediction (the others wait for requests only: waking them would be for
+        nothing)."""
         with self._lock:
-            self._work.notify_all()
+            if self._awaiting_results:
+                self._work.notify_all()
 
     # ------------------------------------------------------------------ stopping
     def halt(self) -> None:
