@@ -169,8 +169,9 @@ class Ours:
         get_player = pong
         self.switch_interval = None
         if variant:
-            name, value = variant.split('=')
-            settings[name] = int(value)
+            for setting in variant.split(','):      # ``vector=2,prefetch=0``: both changed
+                name, value = setting.split('=')
+                settings[name] = int(value)
             self.label = f'expreplay[{variant}]'
         if settings.get('switch_us'):
             # ``switch_us=N``: sys.setswitchinterval(N microseconds) while this one is measured
@@ -203,8 +204,9 @@ class Ours:
 
     def describe(self):
         s = self.stream.stats()
+        s = s.as_dict() if hasattr(s, 'as_dict') else s     # a typed record, or a dict
         return (f"samples_per_insert {s.get('samples_per_insert') or 0:.2f}, learner waited "
-                f"{s.get('prefetch_waits', 0)} times, {s.get('prefetch_wait_time', 0.0):.2f} s")
+                f"{s.get('prefetch_waits') or 0} times, {s.get('prefetch_wait_time') or 0.0:.2f} s")
 
 
 class Original:
@@ -619,7 +621,8 @@ def main():
                     "case's envs as K players of ale-py's AtariVectorEnv, which steps and "
                     "preprocesses them in C++ threads outside the GIL), or async=K (one "
                     "asynchronous AtariVectorEnv of all of them, receiving 1/K at a time), or "
-                    "switch_us=N (sys.setswitchinterval of N microseconds while it is measured)")
+                    "switch_us=N (sys.setswitchinterval of N microseconds while it is measured); "
+                    "several joined by commas change them together (vector=2,prefetch=0)")
     ap.add_argument('--switch-interval', type=float, help="sys.setswitchinterval for both "
                     "contestants (seconds; Python's default is 0.005)")
     ap.add_argument('--ceiling', action='store_true', help="also measure the machine's ceiling")
