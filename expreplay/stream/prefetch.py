@@ -8,7 +8,11 @@ trains on the previous ones.
 Rules:
 
 - The thread calls ``produce()`` only when the buffer has room, so at most ``depth`` results
-  exist that were not handed out (none is held back waiting for room).
+  exist that were not handed out (none is held back waiting for room). Once the buffer is
+  full it waits until it has drained to ``depth // 2``, then fills it again: a thread woken
+  costs a switch (tens of microseconds on a busy machine), and this wakes the thread once per
+  ``depth - depth // 2`` results instead of once per result. A consumer is woken only when
+  it waits for a result.
 - An exception raised by ``produce()`` stops the thread; :meth:`get` raises that exception
   object itself at its next call (the results still buffered are dropped), with its
   traceback from the producing thread and a note naming it; its ``__cause__`` stays as
@@ -61,6 +65,9 @@ class Prefetcher:
         self._thread_context = thread_context or contextlib.nullcontext
         self._items: collections.deque[Any] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
+        self._low = self.depth // 2       # a full buffer is refilled from this level on
+        self._producer_waiting = False
+        self._watchers = 0                # wait_for / wait_full callers: woken at every change
         self._stopped = False
         self._error: BaseException | None = None
         self._error_raised = False
@@ -90,7 +97,15 @@ class Prefetcher:
         """Block until ``ready()``, looked at whenever a result is buffered or handed out, a
         consumer starts waiting, or the thread stops; False after ``timeout`` seconds."""
         with self._cond:
+            return self._watched(ready, timeout)
+
+    def _watched(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """``wait_for`` on the condition, counted as a watcher (lock held)."""
+        self._watchers += 1
+        try:
             return self._cond.wait_for(ready, timeout)
+        finally:
+            self._watchers -= 1
 
     # ------------------------------------------------------------------ the thread
     def _run(self):
@@ -99,8 +114,13 @@ class Prefetcher:
             with self._thread_context():
                 while True:
                     with cond:
-                        while len(self._items) >= self.depth and not self._stopped:
-                            cond.wait()
+                        if len(self._items) >= self.depth:
+                            self._producer_waiting = True
+                            if self._watchers:      # wait_full() waits for this
+                                cond.notify_all()
+                            while len(self._items) > self._low and not self._stopped:
+                                cond.wait()
+                            self._producer_waiting = False
                         if self._stopped:
                             return
                     item = self._produce()
@@ -109,7 +129,8 @@ class Prefetcher:
                             return
                         self._items.append(item)
                         self.produced += 1
-                        cond.notify_all()
+                        if self.consumers_waiting or self._watchers:
+                            cond.notify_all()
         except BaseException as err:
             with cond:
                 if not self._stopped:
@@ -130,7 +151,8 @@ class Prefetcher:
                 self.waits += 1
                 self.consumers_waiting += 1
                 start = time.monotonic()
-                cond.notify_all()     # for whoever watches consumers_waiting
+                if self._watchers:    # whoever watches consumers_waiting
+                    cond.notify_all()
                 try:
                     while not self._items and self._error is None and not self._stopped:
                         cond.wait()
@@ -144,18 +166,19 @@ class Prefetcher:
                 return self.END
             item = self._items.popleft()
             self.handed_out += 1
-            cond.notify_all()         # room for the thread
+            if (self._producer_waiting and len(self._items) <= self._low) or self._watchers:
+                cond.notify_all()     # the thread refills the buffer
             return item
 
     def wait_full(self, timeout: float | None = None) -> bool:
-        """Wait until ``depth`` results are ready (the thread is then waiting for room, making
-        nothing), or the thread has stopped; True if full. For a consistent reading of what
-        the thread has done so far."""
+        """Wait until the thread waits for room, making nothing (the buffer was full and has
+        not drained to ``depth // 2`` since), or has stopped; True if it waits for room. For a
+        consistent reading of what the thread has done so far."""
         with self._cond:
-            self._cond.wait_for(lambda: len(self._items) >= self.depth or self._stopped
-                                or self._error is not None or not self._thread.is_alive(),
-                                timeout)
-            return len(self._items) >= self.depth
+            self._watched(lambda: self._producer_waiting or self._stopped
+                          or self._error is not None or not self._thread.is_alive(),
+                          timeout)
+            return self._producer_waiting and not self._stopped
 
     def unraised_error(self) -> BaseException | None:
         """The exception that stopped the thread if :meth:`get` never raised it, else None."""
