@@ -15,7 +15,6 @@ fix when TensorFlow was already imported without it.
 from __future__ import annotations
 
 import logging
-import numbers
 import os
 import sys
 import warnings
@@ -67,7 +66,6 @@ except ImportError as err:
 from ._checks import check_dtype, check_int  # noqa: E402
 from .acting.population import Population  # noqa: E402
 from .storage.memory import ReplayMemory  # noqa: E402
-from .stream.checkpoint import MemoryCheckpoint  # noqa: E402
 from .stream.replay_stream import ReplayStream  # noqa: E402
 from .stream.sampling import Sampling  # noqa: E402
 
@@ -93,21 +91,6 @@ def _show_expreplay_log_in_tensorpack():
 
 
 _show_expreplay_log_in_tensorpack()
-
-
-def _memory(checkpoint_dir: str | os.PathLike | None, max_size: int,
-            state_shape: tuple[int, ...], history_len: int, dtype: Any,
-            **prioritized: Any) -> ReplayMemory:
-    """The memory saved in ``checkpoint_dir`` (refused naming the setting if it differs from
-    these), else a new one."""
-    if checkpoint_dir is not None:
-        # extra_fields={}: the runners write none. alpha and priority_eps are compared only
-        # when either memory is prioritized.
-        loaded = MemoryCheckpoint(checkpoint_dir).load(max_size, state_shape, history_len, dtype,
-                                                      extra_fields={}, **prioritized)
-        if loaded is not None:
-            return loaded
-    return ReplayMemory(max_size, state_shape, history_len, dtype, **prioritized)
 
 
 def _tensorpack_progress(total: int, desc: str) -> Any:
@@ -155,17 +138,18 @@ class ExpReplay(DataFlow, Callback):
         update_frequency (int): transitions inserted per batch (whatever the player).
         history_len (int): frames per state.
         state_dtype: numpy dtype of the stored frames (the memory's ``dtype``).
-        maximum_staleness (int): step requests that may be pending; ``2 * update_frequency``
-            by default, as the reference.
+        maximum_staleness (int): step requests that may be pending; None: the stream's
+            default (:attr:`ReplayStream.maximum_staleness`: ``2 * update_frequency``, as the
+            reference).
         exploration (float): initial epsilon (1.0, as the reference).
         seed (int): seeds the batch sampling and the environments' first resets.
         layout, n_step, gamma, beta, weight_norm, samples_per_insert: the
             :class:`~expreplay.stream.sampling.Sampling`'s.
         prioritized, alpha, priority_eps: the :class:`~expreplay.ReplayMemory`'s.
-        checkpoint_dir (str): directory for the memory checkpoint. A training started with a
-            directory that holds one loads it instead of filling the memory again (it must
-            have these settings, ``alpha`` and ``priority_eps`` included); the memory is saved
-            there when training ends.
+        checkpoint_dir (str): directory for the memory checkpoint (the stream's). A training
+            started with a directory that holds one loads it into the memory built here
+            instead of filling it again (it must have these settings, ``alpha`` and
+            ``priority_eps`` included); the memory is saved there when training ends.
         checkpoint_every_k_epochs (int): also save the memory every k epochs (e.g. as often
             as ``ModelSaver`` saves the model, so that a crash resumes from a matching pair).
             None: only at the end.
@@ -179,12 +163,11 @@ class ExpReplay(DataFlow, Callback):
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,
-    ``env_steps_per_sec``, ``memory_fill`` (fraction of ``memory_size``),
-    ``memory_transitions``, ``queue_depth`` (step requests pending), ``mean_inference_batch``
-    (states per predictor call), ``greedy_fraction`` (share of greedy actions: 1 - the
-    exploration the runners applied) and ``restarts``; and totals since the start of training:
-    ``episodes_total`` (episodes finished) and ``restart_starts`` (episodes started from a
-    restart point).
+    ``env_steps_per_sec``, ``memory_fill``, ``memory_transitions``, ``queue_depth``,
+    ``mean_inference_batch``, ``greedy_fraction``, ``restarts``, ``episodes_total`` and
+    ``restart_starts``: the fields of the stream's :meth:`~ReplayStream.stats` of those names
+    (``env_steps_per_sec`` is ``steps_per_sec``; each is documented in
+    :class:`expreplay.stats.StreamStats`), when they have a value.
 
     Faults: an exception in a simulator thread or the predictor fails the training at its next
     step, chained to the original.
@@ -221,8 +204,6 @@ class ExpReplay(DataFlow, Callback):
         sampling = Sampling(batch_size, update_frequency, samples_per_insert=samples_per_insert,
                             n_step=n_step, gamma=gamma, beta=beta, weight_norm=weight_norm,
                             layout=layout, seed=seed, batch_format='tensorpack')
-        if maximum_staleness is None:
-            maximum_staleness = 2 * sampling.steps_per_batch    # as the reference
         # At the end of training, waiting for a simulator thread to finish its env step or
         # predictor call is cheap, and a thread left running would call a closed Session.
         manager_kwargs = dict({'close_timeout': 60.0}, **(manager_kwargs or {}))
@@ -231,27 +212,21 @@ class ExpReplay(DataFlow, Callback):
             maximum_staleness=maximum_staleness, seed=seed, episode_starts=episode_starts,
             episode_log_dir=episode_log_dir or None, on_episode_end=on_episode_end,
             runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs)
-        memory = _memory(checkpoint_dir, memory_size, state_shape, history_len, state_dtype,
-                         prioritized=prioritized, alpha=alpha, priority_eps=priority_eps)
-        try:
-            # Named as the caller named them (the stream checks again, by the memory's names).
-            population.check_fits(memory.state_shape, memory.dtype, shape_arg='state_shape',
-                                  dtype_arg='state_dtype')
-            self.stream = ReplayStream(memory, population, sampling, init_memory_size,
-                                       prefetch=prefetch, checkpoint_dir=checkpoint_dir,
-                                       progress=_tensorpack_progress)
-        except BaseException:
-            population.close()     # the player built for the check
-            raise
+        memory = ReplayMemory(memory_size, state_shape, history_len, state_dtype,
+                              prioritized=prioritized, alpha=alpha, priority_eps=priority_eps)
+        self.stream = ReplayStream(memory, population, sampling, init_memory_size,
+                                   prefetch=prefetch, checkpoint_dir=checkpoint_dir,
+                                   progress=_tensorpack_progress,
+                                   arg_names={'dtype': 'state_dtype'})
         # None: follow tensorpack's log directory, which scripts usually set after building
         # the dataflow, so it is read in _before_train.
         self._episode_log_follows_logger = episode_log_dir is None
         self._fault: BaseException | None = None   # a simulator fault seen by the DataFlow
         self._fault_raised = False
-        if self.stream.resumed and self.stream.checkpoint is not None:
+        if self.stream.resumed:
             logger.info("ExpReplay resumes with %d transitions from %s; the initial fill only adds "
                         "what init_memory_size still asks for.",
-                        len(self.stream.memory), self.stream.checkpoint.path)
+                        len(self.stream.memory), checkpoint_dir)
 
     def _take_predictor(self, predictor_io_names: Any) -> Callable[..., Any] | None:
         """The predictor when ``predictor_io_names`` is one; else checks the names, kept for
@@ -284,11 +259,13 @@ class ExpReplay(DataFlow, Callback):
 
     @property
     def predictor(self) -> Callable[..., Any] | None:
+        """The Q-function the runners act with (the stream's :attr:`~ReplayStream.predictor`):
+        taken from the trainer in ``_setup_graph``, or assigned."""
         return self.stream.predictor
 
     @predictor.setter
     def predictor(self, predictor: Callable[..., Any] | None) -> None:
-        self.stream.set_predictor(predictor)
+        self.stream.predictor = predictor
 
     def __getattr__(self, name: str) -> Any:
         # Read-only access to the constructor arguments (batch_size, history_len, ...), as the
@@ -343,12 +320,12 @@ class ExpReplay(DataFlow, Callback):
         monitors = self.trainer.monitors
         stats = self.stream.stats()
         self.stream.reset_stats()   # the next window starts now
-        if stats.get('games'):
-            monitors.put_scalar('expreplay/mean_score', stats['mean_score'])
-            monitors.put_scalar('expreplay/max_score', stats['max_score'])
-        for name, key in _MONITORED:
-            value = stats.get(key)
-            if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if stats.games:
+            monitors.put_scalar('expreplay/mean_score', stats.mean_score)
+            monitors.put_scalar('expreplay/max_score', stats.max_score)
+        for name, field in _MONITORED:
+            value = getattr(stats, field)
+            if value is not None:      # a figure without data this epoch
                 monitors.put_scalar('expreplay/' + name, value)
         if (self.checkpoint_every_k_epochs is not None
                 and self.epoch_num % self.checkpoint_every_k_epochs == 0):
@@ -374,7 +351,7 @@ class ExpReplay(DataFlow, Callback):
         return self.stream.update_priorities(indices, priorities)
 
 
-# (monitor name under 'expreplay/', key of ReplayStream.stats())
+# (monitor name under 'expreplay/', field of ReplayStream.stats(): expreplay.stats.StreamStats)
 _MONITORED = (
     ('games', 'games'),
     ('mean_episode_length', 'mean_episode_length'),
@@ -393,7 +370,7 @@ _MONITORED = (
 _REFERENCE_ATTRIBUTES = {
     'get_player': ('population', 'get_player'),
     'num_parallel_players': ('population', 'num_players'),
-    'maximum_staleness': ('population', 'maximum_staleness'),
+    'maximum_staleness': ('stream', 'maximum_staleness'),
     'seed': ('population', 'seed'),
     'episode_starts': ('population', 'episode_starts'),
     'episode_log': ('population', 'episode_log'),

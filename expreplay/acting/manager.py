@@ -26,6 +26,7 @@ from ..errors import EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 from .runner import EnvRunner
 from .simulator import SimulatorThread, close_group, plan_groups
+from ..stats import ManagerStats
 from .stats import ActingStats
 from .window import InsertedSteps, StalenessWindow
 
@@ -257,27 +258,15 @@ class EnvRunnerManager:
         runners' ``total_scores``."""
         return self._stats.reset()
 
-    def stats(self) -> dict[str, Any]:
-        """Figures since the last :meth:`reset_stats` (does not reset them).
-
-        Keys: ``games``, ``mean_score``, ``max_score``, ``mean_episode_length`` (steps per
-        game; None without games), ``steps``, ``steps_per_sec``, ``inference_calls``,
-        ``mean_inference_batch`` (states per predictor call, None without calls); and, now:
-        ``max_inference_batch`` (largest call so far, threaded modes only), ``queue_depth``
-        (requests pending: accepted, not finished), ``queued`` (not started), ``restarts``
-        (runner restarts, total), ``actor_restarts`` (remote actors restarted by their engine,
-        e.g. Ray), ``stuck_threads``.
-        """
-        figures = self._stats.figures()
+    def stats(self) -> ManagerStats:
+        """Figures since the last :meth:`reset_stats` (does not reset them), and a few totals
+        and figures of now: a :class:`~expreplay.stats.ManagerStats`."""
         pending, queued = self._window.counts()
-        restarts = {key: figures.pop(key) for key in ('restarts', 'actor_restarts')}
-        figures['max_inference_batch'] = max([b.max_rows_seen for b in self._inference_threads.values()],
-                                             default=None)
-        figures['queue_depth'] = pending
-        figures['queued'] = queued
-        figures.update(restarts)
-        figures['stuck_threads'] = list(self.stuck_threads)
-        return figures
+        return ManagerStats(
+            **self._stats.figures(),
+            max_inference_batch=max([b.max_rows_seen for b in self._inference_threads.values()],
+                                    default=None),
+            queue_depth=pending, queued=queued, stuck_threads=tuple(self.stuck_threads))
 
     # ------------------------------------------------------------------ shutdown
     def close(self, timeout: float | None = None) -> None:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .._checks import check_callable, check_int, check_probability, check_seed
+from ..stats import ManagerStats, PopulationStats
 from .exploration import Exploration, ExplorationArg
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
@@ -97,7 +98,7 @@ class Population:
             from one inference thread (never concurrently), with one player from the thread
             that requests the steps (a stream's prefetch thread, which enters
             ``manager_kwargs['thread_context']`` if given). None is allowed while
-            ``exploration`` is 1 (no greedy action is needed); see :meth:`set_predictor`.
+            ``exploration`` is 1 (no greedy action is needed); see :attr:`predictor`.
         exploration (float or callable): epsilon of the epsilon-greedy runners, in [0, 1]:
             a number (assign :attr:`exploration` to change it), or a schedule
             ``exploration(steps)`` of the steps the players have stored in the memory since
@@ -188,19 +189,16 @@ class Population:
 
     @property
     def predictor(self) -> Callable[[np.ndarray], Any] | None:
-        """The Q-function the runners use (see ``predictor`` in the class docstring)."""
+        """The Q-function the runners use (see ``predictor`` in the class docstring).
+
+        Assign a new one (e.g. after copying the learner's weights): it takes effect from the
+        next greedy action any runner takes. A predictor that reads the live weights (a
+        closure over a PyTorch module, say) needs no update at all.
+        """
         return self._predictor.current
 
     @predictor.setter
     def predictor(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
-        self._predictor.set(predictor)
-
-    def set_predictor(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
-        """Give the runners a new Q-function (e.g. after copying the learner's weights).
-
-        Takes effect from the next greedy action any runner takes. A predictor that reads
-        the live weights (a closure over a PyTorch module, say) needs no update at all.
-        """
         self._predictor.set(predictor)
 
     @property
@@ -329,28 +327,23 @@ class Population:
             return None, None
         return self.manager.reset_stats()
 
-    def stats(self) -> dict[str, Any]:
-        """The manager's figures since the last :meth:`reset_stats` (``games``, ``mean_score``,
-        ``max_score``, ``mean_episode_length``, ``steps``, ``steps_per_sec``,
-        ``inference_calls``, ``mean_inference_batch``, ``queue_depth``, ``restarts``, ...; None
-        where there is no data; none before :meth:`start`), plus ``greedy_fraction`` (states
-        predicted per step: 1 - the exploration the runners applied) and totals since the
-        start (not reset): ``episodes_total`` (episodes finished), ``episodes_started_total``
-        and ``restart_starts`` (episodes started from a restart point, see
-        :class:`~expreplay.acting.episodes.RestartPool`)."""
-        live = self.manager is not None and not self._closed
-        out = dict(self.manager.stats()) if live and self.manager is not None else {}
+    def stats(self) -> PopulationStats:
+        """The manager's figures since the last :meth:`reset_stats` (an empty window before
+        :meth:`start` and after :meth:`close`), the window's greedy share and the episode
+        totals of the run: a :class:`~expreplay.stats.PopulationStats`."""
+        manager = self.manager
+        window = manager.stats() if manager is not None and not self._closed else ManagerStats()
         starts = self.start_counts()
-        out['episodes_total'] = self.episode_totals.snapshot()['episodes']
-        out['episodes_started_total'] = sum(starts.values())
-        out['restart_starts'] = starts.get('restart', 0)
-        steps, calls = out.get('steps'), out.get('inference_calls')
-        if steps and calls is not None:
+        greedy = None
+        if window.steps:
             # States sent to the predictor per step taken: the share of greedy actions, i.e.
             # 1 - the exploration the runners actually applied in this window.
-            rows = calls * (out.get('mean_inference_batch') or 0.0)
-            out['greedy_fraction'] = min(1.0, rows / steps)
-        return out
+            rows = window.inference_calls * (window.mean_inference_batch or 0.0)
+            greedy = min(1.0, rows / window.steps)
+        return PopulationStats.extending(
+            window, greedy_fraction=greedy,
+            episodes_total=self.episode_totals.snapshot()['episodes'],
+            episodes_started_total=sum(starts.values()), restart_starts=starts.get('restart', 0))
 
     def start_counts(self) -> dict[str, int]:
         """Episodes started so far per start kind, over all runners (kept after close)."""

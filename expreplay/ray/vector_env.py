@@ -9,6 +9,7 @@ import numpy as np
 import ray
 
 from .._checks import check_callable, check_int, check_real, check_timeout
+from ..stats import RayTrafficStats
 from ._fleet import Actor, ActorFleet
 from ._host import Packet, Result
 
@@ -204,15 +205,14 @@ class RayVectorEnv(gym.vector.VectorEnv):
         return actors
 
     # ------------------------------------------------------------------ the rest
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> RayTrafficStats:
         """Traffic so far: results (actor steps), env steps, payload bytes per env step, the
-        actors' own compute time, the round trip and the transport overhead per env step (s), and
-        the mean number of actors in flight at a ``recv``."""
+        actors' own compute time, the round trip and the transport overhead per env step (s),
+        the mean number of actors in flight at a ``recv``: a
+        :class:`~expreplay.stats.RayTrafficStats`."""
         if self._fleet is None:
             raise RuntimeError("RayVectorEnv did not start")
-        st = self._fleet.traffic.report()
-        st['actor_restarts'] = self.actor_restarts
-        return st
+        return RayTrafficStats(**self._fleet.traffic.report(), actor_restarts=self.actor_restarts)
 
     def actor_pids(self) -> list[tuple[str, int]]:
         """``[(host, pid)]`` of each actor's current process (asks the actors; for tests/ops)."""

@@ -26,9 +26,9 @@ from __future__ import annotations
 import math
 import threading
 import time
-from typing import Any
 
 from .._checks import check_int, check_real, check_timeout
+from ..stats import RateLimiterStats
 
 __all__ = ['SampleToInsertRatio', 'RateLimiterTimeout', 'RateLimiterClosed']
 
@@ -156,12 +156,13 @@ class SampleToInsertRatio:
         """Threads blocked in :meth:`await_insert` or :meth:`await_sample` now."""
         return self._waiting
 
-    def stats(self) -> dict[str, Any]:
-        """Counts, the diff and the time spent waiting, as a dict."""
+    def stats(self) -> RateLimiterStats:
+        """Counts, the diff and the time spent waiting: a
+        :class:`~expreplay.stats.RateLimiterStats`."""
         with self._cond:
-            return dict(inserts=self.inserts, samples=self.samples, diff=self._diff(),
-                        insert_wait_time=self.insert_wait_time,
-                        sample_wait_time=self.sample_wait_time)
+            return RateLimiterStats(inserts=self.inserts, samples=self.samples,
+                                    diff=self._diff(), insert_wait_time=self.insert_wait_time,
+                                    sample_wait_time=self.sample_wait_time)
 
     # ------------------------------------------------------------------ internals
     @staticmethod

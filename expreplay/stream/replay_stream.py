@@ -35,7 +35,7 @@ tensorpack's DQN example, 64 / 4; 8 for the Nature DQN, 32 / 4). Set ``update_fr
 the transitions you want inserted per batch; do not divide it by ``num_envs``: a request to a
 vector or asynchronous player inserts up to ``num_envs`` transitions, and the stream makes
 fewer requests accordingly (one request per two batches with 8 sub-envs and
-``update_frequency=4``). ``stats()['samples_per_insert']`` is the measured ratio.
+``update_frequency=4``). ``stats().samples_per_insert`` is the measured ratio.
 
 Staleness: requests run asynchronously in the simulator threads with at most
 ``maximum_staleness`` pending (with one player they run inline: none). When batch ``k`` is
@@ -68,7 +68,7 @@ were drawn, and their importance weights computed, with the priorities of the mo
 were drawn: priorities fed back with ``update_priorities`` shape the batches drawn after
 the call, i.e. from the ``depth + 1``-th next batch on. If a slot of a queued batch is
 rewritten before its priorities come back, that update is skipped and counted
-(``stats()['stale_priority_updates']``), never applied to the new transition. ``prefetch=0``
+(``stats().stale_priority_updates``), never applied to the new transition. ``prefetch=0``
 draws in the learner's ``next()``, as without a prefetcher. A consumer that queues batches
 itself adds its queue to the depth: under tensorpack's ``QueueInput`` (50 batches) the
 learner trains up to ``50 + depth`` batches behind the draws.
@@ -89,11 +89,12 @@ import math
 import os
 import threading
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from .._checks import check_int
+from ..stats import StreamStats
 from ..storage.memory import ReplayMemory
 from .checkpoint import MemoryCheckpoint
 from .fill import ProgressArg, check_progress, fill_memory
@@ -145,18 +146,23 @@ class ReplayStream:
             (the drawing thread steps it: a prefetch thread would only compete with the
             learner's for the GIL and the cores), :data:`DEFAULT_PREFETCH` with several.
         checkpoint_dir (str): where the memory is saved (:meth:`save_memory`, :meth:`close`).
-            When a checkpoint is there and ``memory`` is empty, the checkpoint is loaded in its
-            place (it must have ``memory``'s size, frame shape, history, dtype and
-            prioritization; ``ValueError`` naming the setting otherwise) and the fill only adds
-            what ``init_memory_size`` still asks for.
+            When a checkpoint is there and ``memory`` is new (nothing written to it), the
+            checkpoint is loaded *into* ``memory``, in place (:meth:`MemoryCheckpoint.restore`:
+            it must have all of ``memory``'s settings; a ``CheckpointError`` naming each that
+            differs otherwise): :attr:`memory` is always the object passed. The fill then only
+            adds what ``init_memory_size`` still asks for (:attr:`resumed`).
         progress: show the initial fill: True (tqdm, if installed), False, or
             ``progress(total, desc)`` returning an object with ``update(n)`` and ``close()``.
+        arg_names (dict): the caller's names for the memory's ``state_shape`` and ``dtype``
+            in the messages that refuse a player (a front end with other argument names, e.g.
+            ``{'dtype': 'state_dtype'}``).
     """
 
     def __init__(self, memory: ReplayMemory, population: Population, sampling: Sampling,
                  init_memory_size: int = 0, *, prefetch: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
-                 progress: ProgressArg = True) -> None:
+                 progress: ProgressArg = True,
+                 arg_names: Mapping[str, str] | None = None) -> None:
         from ..acting.population import Population   # keeps `import expreplay.stream` light
 
         if not isinstance(memory, ReplayMemory):
@@ -177,11 +183,15 @@ class ReplayStream:
         self.prefetch = check_int(prefetch, 'prefetch', 0, allow_float=True)
         self._progress = check_progress(progress)
         self.checkpoint = None if checkpoint_dir is None else MemoryCheckpoint(checkpoint_dir)
-        if self.checkpoint is not None and len(memory) == 0:
-            memory = self.checkpoint.resume(memory) or memory
+        if self.checkpoint is not None:
+            self.checkpoint.restore(memory)
         self.memory = memory
-        self.resumed = len(memory) > 0   # True when the memory came with transitions
-        population.check_fits(memory.state_shape, memory.dtype)
+        #: Whether the memory held transitions when the stream was built (restored or given).
+        self.resumed = len(memory) > 0
+        names = dict(arg_names or {})
+        population.check_fits(memory.state_shape, memory.dtype,
+                              shape_arg=names.get('state_shape', 'state_shape'),
+                              dtype_arg=names.get('dtype', 'dtype'))
         self.population = population
         self.rate_limiter: SampleToInsertRatio | None = None   # built by start()
         self.fill_steps = 0              # step requests made by the initial fill
@@ -205,16 +215,19 @@ class ReplayStream:
 
     @property
     def predictor(self) -> Callable[[np.ndarray], Any] | None:
-        """The population's Q-function (:attr:`Population.predictor`)."""
+        """The population's Q-function (:attr:`Population.predictor`); assign one to give the
+        runners a new Q-function."""
         return self.population.predictor
 
     @predictor.setter
     def predictor(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
-        self.population.set_predictor(predictor)
+        self.population.predictor = predictor
 
-    def set_predictor(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
-        """Give the runners a new Q-function (see :meth:`Population.set_predictor`)."""
-        self.population.set_predictor(predictor)
+    @property
+    def maximum_staleness(self) -> int:
+        """Step requests that may be pending: the population's ``maximum_staleness``, or, left
+        None, twice the transitions inserted per batch (as tensorpack's reference)."""
+        return self.population.maximum_staleness or 2 * self.sampling.steps_per_batch
 
     @property
     def episode_totals(self) -> EpisodeTotals:
@@ -236,8 +249,7 @@ class ReplayStream:
                 raise RuntimeError("the ReplayStream is closed")
             if population.started:
                 return
-            # As the reference: twice the steps requested per batch may be pending.
-            population.start(self.memory, default_staleness=2 * sampling.steps_per_batch)
+            population.start(self.memory, default_staleness=self.maximum_staleness)
         limiter = self.rate_limiter = sampling.rate_limiter(population.per_request)
         try:
             self.fill_steps = fill_memory(
@@ -376,37 +388,21 @@ class ReplayStream:
         return self.memory.update_priorities(indices, priorities)
 
     # ------------------------------------------------------------------ statistics
-    def stats(self) -> dict[str, Any]:
-        """Figures since the last :meth:`reset_stats` (or the end of the fill), as a flat dict.
-
-        The population's (:meth:`Population.stats`: the manager's figures, ``greedy_fraction``,
-        the episode totals), plus ``memory_transitions``, ``memory_fill`` (fraction of the
-        memory's ``max_size``) and ``fill_steps`` (0 when a resumed memory needed no fill);
-        for a prioritized memory ``stale_priority_updates``; once started ``batches_drawn``,
-        ``samples_per_insert`` (measured: sampled transitions per transition inserted since
-        the fill, whatever the player; None before one), ``step_requests`` (made since the
-        fill); with a prefetcher ``prefetch_ready`` (batches ready now), ``prefetch_waits``
-        (``next()`` calls that found none ready and waited) and ``prefetch_wait_time``
-        (seconds they waited, summed).
-        """
-        out = self.population.stats()
-        memory = self.memory
-        out['memory_transitions'] = len(memory)
-        out['memory_fill'] = len(memory) / memory.max_size
-        out['fill_steps'] = self.fill_steps
-        if memory.prioritized:
-            out['stale_priority_updates'] = memory.stale_priority_updates
-        pacer = self._pacer
-        if pacer is not None:
-            out['batches_drawn'] = pacer.batches
-            out['samples_per_insert'] = pacer.measured_samples_per_insert()
-            out['step_requests'] = pacer.requests
-        prefetcher = self._prefetcher
-        if prefetcher is not None:
-            out['prefetch_ready'] = prefetcher.ready()
-            out['prefetch_waits'] = prefetcher.waits
-            out['prefetch_wait_time'] = prefetcher.wait_time
-        return out
+    def stats(self) -> StreamStats:
+        """Figures since the last :meth:`reset_stats` (or the end of the fill): the
+        population's (:meth:`Population.stats`) plus the memory's, the batches' and the
+        prefetcher's, as a :class:`~expreplay.stats.StreamStats`."""
+        memory, pacer, prefetcher = self.memory, self._pacer, self._prefetcher
+        return StreamStats.extending(
+            self.population.stats(),
+            memory_transitions=len(memory), memory_fill=len(memory) / memory.max_size,
+            fill_steps=self.fill_steps,
+            stale_priority_updates=memory.stale_priority_updates if memory.prioritized else None,
+            batches_drawn=pacer and pacer.batches, step_requests=pacer and pacer.requests,
+            samples_per_insert=pacer and pacer.measured_samples_per_insert(),
+            prefetch_ready=prefetcher and prefetcher.ready(),
+            prefetch_waits=prefetcher and prefetcher.waits,
+            prefetch_wait_time=prefetcher and prefetcher.wait_time)
 
     def reset_stats(self) -> tuple[float | None, float | None]:
         """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;

@@ -39,7 +39,7 @@ def test_threads_end_to_end_every_sampled_transition(env_cls, threads, kernels):
     assert checked >= 1000
     assert mem.num_steps_written > 10 * mem.max_size
     assert_all_stored(envs, mem)
-    assert stats['games'] == len(games) > 100 and stats['queue_depth'] <= 4
+    assert stats.games == len(games) > 100 and stats.queue_depth <= 4
     assert mean == pytest.approx(np.mean(games)) and mx == max(games)
     assert_scores(envs, games)
     assert mgr.reset_stats() == (None, None)
@@ -59,7 +59,7 @@ def test_single_runner_runs_inline_without_threads():
             assert len(env.transitions) == runner.steps   # executed before step() returned
         stats = mgr.stats()
     greedy_ok({0: env})
-    assert stats['inference_calls'] > 0 and stats['mean_inference_batch'] == 1.0
+    assert stats.inference_calls > 0 and stats.mean_inference_batch == 1.0
     sample_and_check(mem, {0: env})
     assert_all_stored({0: env}, mem)
 
@@ -161,7 +161,7 @@ def test_manager_merges_the_states_of_threads_waiting_at_once():
     first = first_call[0]
     # All four in the first call, or the ones that waited during it together in the second.
     assert first == 4 or inner.batch_sizes[1] == 4 - first, inner.batch_sizes[:2]
-    assert stats['mean_inference_batch'] > 1.0
+    assert stats.mean_inference_batch > 1.0
     greedy_ok(envs)
     sample_and_check(mem, envs)
 
@@ -248,14 +248,14 @@ def test_stats_figures(threads):
         mgr.wait_idle(GUARD)
         s = mgr.stats()
         # Greedy action t % 3 from step t earns 10 * (t % 3) + t: 0 + 11 + 22 + 3 per game.
-        assert s['steps'] == 100 and s['games'] == sum(r.steps // 4 for r in runners) >= 24
-        assert s['mean_episode_length'] == 4.0 and s['steps_per_sec'] > 0
-        assert s['mean_score'] == s['max_score'] == 36.0
-        assert s['inference_calls'] >= 1 and 1.0 <= s['mean_inference_batch'] <= 2.0
-        assert s['queue_depth'] == 0 and s['queued'] == 0 and s['restarts'] == 0
+        assert s.steps == 100 and s.games == sum(r.steps // 4 for r in runners) >= 24
+        assert s.mean_episode_length == 4.0 and s.steps_per_sec > 0
+        assert s.mean_score == s.max_score == 36.0
+        assert s.inference_calls >= 1 and 1.0 <= s.mean_inference_batch <= 2.0
+        assert s.queue_depth == 0 and s.queued == 0 and s.restarts == 0
         mean, mx = mgr.reset_stats()
-        assert (mean, mx) == (s['mean_score'], s['max_score'])
-        assert mgr.stats()['games'] == 0 and mgr.stats()['steps'] == 0
+        assert (mean, mx) == (s.mean_score, s.max_score)
+        assert mgr.stats().games == 0 and mgr.stats().steps == 0
 
 
 @pytest.mark.parametrize('threads,names', [

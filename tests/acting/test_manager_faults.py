@@ -108,7 +108,7 @@ def test_failed_env_is_restarted_and_counted(threads):
         step_until_raises(mgr)
     stats = mgr.stats()
     mgr.close()
-    assert stats['restarts'] == 1 and runners[0].restarts == 1
+    assert stats.restarts == 1 and runners[0].restarts == 1
     assert 10 in envs and envs[10].steps_taken == 60
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs, n_batches=3)
@@ -140,7 +140,7 @@ def test_pipelined_reset_failure_books_every_request(restarts):
         for _ in range(300):
             mgr.step(0.0)
         mgr.wait_idle(GUARD)
-        assert mgr.stats()['restarts'] == 1
+        assert mgr.stats().restarts == 1
     else:
         with pytest.raises(EnvError, match=r'\(runner 2\)'):
             for _ in range(10_000):
@@ -151,7 +151,7 @@ def test_pipelined_reset_failure_books_every_request(restarts):
     stats = mgr.stats()
     mgr.close()
     # Every request the thread took was booked as finished (queued ones were never taken).
-    assert stats['queue_depth'] - stats['queued'] == 0
+    assert stats.queue_depth - stats.queued == 0
     assert not any(r.group.in_step for r in runners)   # no step left half begun
     greedy_ok(envs)
     assert_all_stored(envs, mem)
@@ -188,9 +188,9 @@ def test_pipelined_stats_count_one_call_per_group():
         mgr.wait_idle(GUARD)
         s = mgr.stats()
     # Exploration 0: every step is one predicted row; a group holds two runners.
-    assert s['steps'] == 200 and round(s['inference_calls'] * s['mean_inference_batch']) == 200
-    assert s['max_inference_batch'] == 2 == max(pred.batch_sizes)
-    assert s['inference_calls'] == len(pred.batch_sizes)
+    assert s.steps == 200 and round(s.inference_calls * s.mean_inference_batch) == 200
+    assert s.max_inference_batch == 2 == max(pred.batch_sizes)
+    assert s.inference_calls == len(pred.batch_sizes)
 
 
 # ----------------------------------------------------------------------------- shutdown

@@ -305,6 +305,60 @@ def test_a_callable_predictor_needs_no_trainer():
     assert not [t for t in threading.enumerate() if t.name.startswith(OUR_THREADS)]
 
 
+def test_the_predictor_has_one_setter_that_reaches_the_runners():
+    def q_values(states):
+        return np.zeros((len(states), NUM_ACTIONS), np.float32)
+
+    expreplay = make_expreplay(EnvFactory())
+    expreplay.predictor = q_values            # what _setup_graph does with the trainer's
+    assert expreplay.stream.population.predictor is q_values is expreplay.predictor
+    assert not hasattr(expreplay.stream, 'set_predictor')
+    assert not hasattr(expreplay.stream.population, 'set_predictor')
+    expreplay.stream.close()
+
+
+def test_the_stream_alone_checks_the_player_resumes_and_sets_the_staleness(tmp_path,
+                                                                          monkeypatch):
+    """ExpReplay maps tensorpack's arguments to the stream's parts and leaves the rest to the
+    stream: one check of the player, the checkpoint loaded once, into the memory ExpReplay
+    built (no second memory), and the stream's staleness default."""
+    from expreplay import ReplayMemory
+    from expreplay.acting.population import Population
+    from expreplay.stream import checkpoint as stream_checkpoint
+
+    first = make_expreplay(EnvFactory(), checkpoint_dir=str(tmp_path))
+    first.stream.start()
+    first.stream.close()                      # saves the filled memory
+    checks, loaded = [], []
+    check_fits, load_into = Population.check_fits, stream_checkpoint.load_into
+    monkeypatch.setattr(Population, 'check_fits',
+                        lambda self, *a, **kw: checks.append(a) or check_fits(self, *a, **kw))
+    monkeypatch.setattr(stream_checkpoint, 'load_into',
+                        lambda memory, path: loaded.append(memory) or load_into(memory, path))
+
+    def no_second_memory(*args, **kwargs):
+        raise AssertionError("a memory was built from the checkpoint beside ExpReplay's")
+    monkeypatch.setattr(ReplayMemory, 'load', no_second_memory)
+    second = make_expreplay(EnvFactory(), checkpoint_dir=str(tmp_path))
+    assert len(checks) == 1 and loaded == [second.mem]
+    assert second.stream.resumed and len(second.mem) == len(first.mem) >= 300
+    # Left None, the staleness is the stream's default: twice update_frequency.
+    assert second.maximum_staleness == second.stream.maximum_staleness == 2 * 4
+    assert second.stream.population.maximum_staleness is None
+    second.stream.close(save=False)
+    given = make_expreplay(EnvFactory(), maximum_staleness=3)
+    assert given.maximum_staleness == 3
+    given.stream.close(save=False)
+
+
+def test_the_monitors_read_fields_of_the_streams_stats():
+    import dataclasses
+    from expreplay.stats import StreamStats
+    from expreplay.tensorpack_io import _MONITORED
+    fields = {f.name for f in dataclasses.fields(StreamStats)}
+    assert {field for _, field in _MONITORED} <= fields
+
+
 # ------------------------------------------------------------------------------- DQN.py
 IMAGE_SIZE = (8, 8)
 FRAME_HISTORY = HISTORY

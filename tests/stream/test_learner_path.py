@@ -31,7 +31,7 @@ def test_an_exploration_schedule_is_read_at_the_steps_stored():
         stats = stream.stats()
     # The schedule was read with the growing step count, and once it said 0 every action was greedy.
     assert seen == sorted(seen) and seen[-1] >= 150
-    assert stats['greedy_fraction'] == pytest.approx(1.0)
+    assert stats.greedy_fraction == pytest.approx(1.0)
     assert our_threads() == []
 
 

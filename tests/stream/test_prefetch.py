@@ -273,10 +273,10 @@ def test_stats_show_the_prefetcher():
         for _ in range(30):
             next(batches)
         stats = stream.stats()
-    assert 30 <= stats['batches_drawn'] <= 32
-    assert 0 <= stats['prefetch_ready'] <= 2
-    assert stats['prefetch_waits'] >= 0 and stats['prefetch_wait_time'] >= 0.0
-    assert np.isfinite(stats['samples_per_insert'])
+    assert 30 <= stats.batches_drawn <= 32
+    assert 0 <= stats.prefetch_ready <= 2
+    assert stats.prefetch_waits >= 0 and stats.prefetch_wait_time >= 0.0
+    assert np.isfinite(stats.samples_per_insert)
 
 
 def test_one_player_steps_in_the_prefetch_thread_inside_the_thread_context():

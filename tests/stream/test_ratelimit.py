@@ -14,13 +14,13 @@ def test_rules_follow_the_diff_band():
     assert not lim.can_sample(1)
     for _ in range(3):
         assert lim.try_insert(1)               # the fill is always admitted
-    assert lim.stats()['diff'] == 6
+    assert lim.stats().diff == 6
     assert lim.try_insert(1) and lim.try_insert(1)   # diff 10 = max_diff
     assert not lim.can_insert(1)                      # 12 > 10: the actor waits
     for _ in range(8):
         assert lim.try_sample(1)                      # diff 10 -> 2 = min_diff
     assert not lim.try_sample(1)                      # the learner waits
-    assert lim.stats()['samples'] == 8 and lim.stats()['inserts'] == 5
+    assert lim.stats().samples == 8 and lim.stats().inserts == 5
 
 
 @pytest.mark.parametrize('spi,insert_size,sample_size', [
@@ -45,7 +45,7 @@ def test_smallest_allowed_buffer_never_deadlocks_and_a_smaller_one_is_refused(
             else:
                 assert lim.try_insert(int(rng.integers(1, insert_size + 1)))
             if lim.inserts >= lim.min_size_to_sample and lim.samples:
-                assert lim.stats()['diff'] >= lim.min_diff
+                assert lim.stats().diff >= lim.min_diff
 
 
 def test_below_the_bound_a_deadlock_is_reachable():
@@ -198,7 +198,7 @@ def test_concurrent_actors_and_learners_keep_the_ratio():
     def monitor():
         while not stop.is_set():
             s = lim.stats()
-            if s['inserts'] >= min_size and not (lim.min_diff <= s['diff'] <= lim.max_diff):
+            if s.inserts >= min_size and not (lim.min_diff <= s.diff <= lim.max_diff):
                 violations.append(s)
 
     actors = [threading.Thread(target=actor) for _ in range(3)]
@@ -221,7 +221,7 @@ def test_concurrent_actors_and_learners_keep_the_ratio():
     assert not violations, violations[:3]
     assert lim.inserts == 3000
     # The learners sampled all the ratio allowed: within one batch of the band's low end.
-    assert lim.min_diff <= lim.stats()['diff'] < lim.min_diff + 8
+    assert lim.min_diff <= lim.stats().diff < lim.min_diff + 8
 
 
 @pytest.mark.parametrize('spi,min_size,buffer,n', [

@@ -127,7 +127,7 @@ class DrawLog(ReplayMemory):
     def _record(self):
         stream = self.stream
         self.draws.append((self.num_steps_written,
-                           stream.fill_steps + stream.stats()['step_requests'], len(self.draws) + 1))
+                           stream.fill_steps + stream.stats().step_requests, len(self.draws) + 1))
 
     def sample_batch(self, *args, **kwargs):
         self._record()
@@ -159,7 +159,7 @@ def test_sampled_to_inserted_ratio(players, prefetch):
                                         init_memory_size=50, prefetch=prefetch)
     with stream:
         for k, _ in enumerate(stream, start=1):
-            drawn = stream.stats()['batches_drawn']
+            drawn = stream.stats().batches_drawn
             assert k <= drawn <= k + prefetch, (k, drawn)
             if k == 200:
                 break
@@ -173,7 +173,7 @@ def test_sampled_to_inserted_ratio(players, prefetch):
             assert steps == requests
     stats = stream.stats()
     inserted = memory.num_steps_written - fill
-    assert stats['samples_per_insert'] == pytest.approx(16 * stats['batches_drawn'] / inserted)
+    assert stats.samples_per_insert == pytest.approx(16 * stats.batches_drawn / inserted)
 
 
 def test_exploration_and_predictor_updates_reach_the_runners(prefetch):
@@ -189,7 +189,7 @@ def test_exploration_and_predictor_updates_reach_the_runners(prefetch):
         assert first.rows > 0
         stream.reset_stats()   # requests made at exploration 1 are done by now
         second = prefer(1)
-        stream.set_predictor(second)
+        stream.predictor = second
         rows_before = first.rows
         # Steps recorded so far; the requests accepted before the switch (at most
         # maximum_staleness) may still run with the old predictor after it.
@@ -198,7 +198,7 @@ def test_exploration_and_predictor_updates_reach_the_runners(prefetch):
         assert second.rows > 0 and stream.predictor is second
         assert first.rows - rows_before <= 8
         stats = stream.stats()
-        assert stats['greedy_fraction'] >= 0.9   # window edges: a step predicted before the reset
+        assert stats.greedy_fraction >= 0.9   # window edges: a step predicted before the reset
     # Which env took which request depends on thread scheduling, so count over all envs:
     # every step after the switch acted greedily with the second predictor (action 1),
     # except at most maximum_staleness requests accepted before it. The prefetch thread had
@@ -250,7 +250,7 @@ def test_checkpoint_resumes_without_refilling(tmp_path):
     with resumed:
         take(iter(resumed), 5)
         assert resumed.fill_steps == 0
-        assert resumed.stats()['fill_steps'] == 0
+        assert resumed.stats().fill_steps == 0
     with pytest.raises(ValueError, match='history_len'):
         make_stream(EnvFactory(), checkpoint_dir=tmp_path, history_len=HISTORY + 1)
 
@@ -353,9 +353,9 @@ def test_vector_env_players_insert_update_frequency_per_batch(prefetch):
             # Read the counts while the prefetch thread is idle (its buffer full), not while
             # it is making the requests of its next batch.
             assert stream.prefetcher.wait_full(timeout=60)
-        drawn = stream.stats()['batches_drawn']
+        drawn = stream.stats().batches_drawn
         steps = stream.memory.num_steps_written - written_after_fill
-        measured = stream.stats()['samples_per_insert']
+        measured = stream.stats().samples_per_insert
     # update_frequency counts inserted transitions: 4 per batch, although a request steps 3
     # sub-envs and an autoreset row stores nothing. One runner runs inline: what the
     # requests made before the last draw inserted is in the memory, short of the target by
@@ -520,11 +520,11 @@ def test_measured_ratio_is_the_asked_one_for_every_player(player, schedule, pref
         kwargs = dict(kwargs, update_frequency=None, samples_per_insert=4.0)
     stats, inserted = _ratio_run(make_player(), prefetch, init_memory_size=60,
                                  maximum_staleness=4, **kwargs)
-    sampled = 16 * stats.get('batches_drawn', 150)   # without a prefetcher: the 150 taken
+    sampled = 16 * stats.batches_drawn
     # Off by at most the requests pending at the two ends (4 of up to 4 inserts each).
     assert abs(sampled / 4 - inserted) <= 2 * 4 * 4 + 4, (sampled, inserted)
-    assert stats['samples_per_insert'] == pytest.approx(sampled / inserted, rel=0.05)
-    assert stats['samples_per_insert'] == pytest.approx(4.0, rel=0.1)
+    assert stats.samples_per_insert == pytest.approx(sampled / inserted, rel=0.05)
+    assert stats.samples_per_insert == pytest.approx(4.0, rel=0.1)
 
 
 def test_resume_refuses_a_checkpoint_of_other_priority_settings(tmp_path):

@@ -73,9 +73,9 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch)
             stream.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
         stats = stream.stats()
     # beta(k) is asked once per batch drawn, in order (the prefetch thread draws ahead).
-    assert seen == list(range(stats['batches_drawn']))
-    assert 80 <= stats['batches_drawn'] <= 80 + prefetch
-    assert stats['stale_priority_updates'] == stream.memory.stale_priority_updates
+    assert seen == list(range(stats.batches_drawn))
+    assert 80 <= stats.batches_drawn <= 80 + prefetch
+    assert stats.stale_priority_updates == stream.memory.stale_priority_updates
     assert our_threads() == []
 
 
@@ -115,12 +115,12 @@ def test_samples_per_insert_keeps_the_ratio(players, spi, prefetch):
             lim = stream.rate_limiter
             s = lim.stats()
             # Every batch drawn was admitted: the diff stays in the limiter's band.
-            assert lim.min_diff <= s['diff'] <= lim.max_diff
-            drawn = stream.stats()['batches_drawn']
-            assert s['samples'] == 16 * drawn and k <= drawn <= k + prefetch
+            assert lim.min_diff <= s.diff <= lim.max_diff
+            drawn = stream.stats().batches_drawn
+            assert s.samples == 16 * drawn and k <= drawn <= k + prefetch
             if k == 150:
                 break
-        measured = stream.stats()['samples_per_insert']
+        measured = stream.stats().samples_per_insert
     # At every draw, the transitions in the memory (past the fill's, of which at most
     # maximum_staleness were pending when it ended) carry the samples drawn so far, within
     # the limiter's buffer; and the requests did not run ahead of them by more than that.

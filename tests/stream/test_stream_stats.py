@@ -1,0 +1,98 @@
+"""Every ``stats()`` returns a frozen record of :mod:`expreplay.stats`, each field documented
+once there; the stream's record extends the population's, which extends the manager's."""
+
+import ast
+import dataclasses
+import inspect
+
+import pytest
+
+from expreplay import stats as stats_module
+from expreplay.stats import (ManagerStats, PopulationStats, RateLimiterStats, RayTrafficStats,
+                             StreamStats)
+from expreplay.stream import Population
+from expreplay.stream.ratelimit import SampleToInsertRatio
+from test_stream import EnvFactory, make_stream, prefer, take
+
+RECORDS = (ManagerStats, PopulationStats, StreamStats, RateLimiterStats, RayTrafficStats)
+
+
+def _field_docs():
+    """``{(class name, field): its #: comment}`` read from the module's source; a comment
+    stands for the fields that follow it up to the next comment or blank line."""
+    lines = inspect.getsource(stats_module).splitlines()
+    docs = {}
+    for node in ast.parse('\n'.join(lines)).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        for stmt in node.body:
+            if isinstance(stmt, ast.AnnAssign):
+                above = stmt.lineno - 2
+                while above >= 0 and not lines[above].strip().startswith('#:') \
+                        and lines[above].strip():
+                    above -= 1
+                comment = lines[above].strip() if above >= 0 else ''
+                docs[node.name, stmt.target.id] = comment if comment.startswith('#:') else None
+    return docs
+
+
+def test_every_field_is_documented_once_in_the_class_that_adds_it():
+    docs = _field_docs()
+    for record in RECORDS:
+        own = {f.name for f in dataclasses.fields(record)}
+        for base in record.__mro__[1:]:
+            if dataclasses.is_dataclass(base):
+                own -= {f.name for f in dataclasses.fields(base)}
+        for name in own:
+            assert docs.get((record.__name__, name)), f'{record.__name__}.{name} has no #: doc'
+        # No field is declared (and documented) again in a record that extends another.
+        inherited = set().union(*(getattr(b, '__annotations__', {}) for b in record.__mro__[1:]))
+        assert not set(record.__annotations__) & inherited
+
+
+def test_the_stream_population_and_manager_return_their_records():
+    with make_stream(EnvFactory(), prefer(1), exploration=0.0, init_memory_size=60,
+                     prefetch=2) as stream:
+        before = stream.stats()
+        assert type(before) is StreamStats and before.games == 0 and before.steps == 0
+        assert before.batches_drawn is None and before.prefetch_ready is None
+        take(iter(stream), 30)
+        stats = stream.stats()
+        population = stream.population.stats()
+        manager = stream.population.manager.stats()
+    assert type(population) is PopulationStats and type(manager) is ManagerStats
+    assert 0 < stats.memory_transitions <= len(stream.memory)
+    assert stats.batches_drawn >= 30 and stats.prefetch_waits >= 0
+    assert stats.greedy_fraction == pytest.approx(1.0, abs=0.05)
+    assert stats.stale_priority_updates is None          # a uniform memory
+    # The stream's record carries the population's and the manager's fields, by name.
+    assert set(population.as_dict()) < set(stats.as_dict())
+    assert set(manager.as_dict()) < set(population.as_dict())
+    assert isinstance(stats.stuck_threads, tuple)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.games = 3
+
+
+def test_a_population_not_started_reports_an_empty_window():
+    stats = Population(EnvFactory(), 2).stats()
+    assert stats == PopulationStats()
+    assert (stats.games, stats.steps, stats.mean_score, stats.greedy_fraction) == (0, 0, None, None)
+
+
+def test_the_rate_limiter_returns_its_record():
+    lim = SampleToInsertRatio(2.0, 3, 4.0)
+    for _ in range(3):
+        assert lim.try_insert(1)
+    stats = lim.stats()
+    assert type(stats) is RateLimiterStats
+    assert (stats.inserts, stats.samples, stats.diff, stats.sample_wait_time) == (3, 0, 6.0, 0.0)
+
+
+def test_reading_a_record_as_a_dict_still_works_and_says_how_to_read_it():
+    stats = Population(EnvFactory(), 2).stats()
+    with pytest.warns(DeprecationWarning, match='read stats.games instead'):
+        assert stats['games'] == 0
+    with pytest.warns(DeprecationWarning):
+        assert stats.get('mean_score', 'none') == 'none'   # None reads as absent, as before
+    with pytest.warns(DeprecationWarning), pytest.raises(KeyError):
+        stats['no_such_figure']
