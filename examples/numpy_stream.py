@@ -90,10 +90,10 @@ def main():
             if step % 500 == 0 or step == args.steps:
                 stats = stream.stats()
                 stream.reset_stats()
-                score = 'n/a' if stats['mean_score'] is None else f"{stats['mean_score']:.1f}"
+                score = 'n/a' if stats.mean_score is None else f"{stats.mean_score:.1f}"
                 print(f"update {step:5d}  loss {loss:8.4f}  exploration {stream.exploration:.2f}  "
-                      f"games {stats['games']:3d}  mean score {score:>5}  "
-                      f"env steps/s {stats['steps_per_sec']:7.0f}  memory {stats['memory_transitions']}")
+                      f"games {stats.games:3d}  mean score {score:>5}  "
+                      f"env steps/s {stats.steps_per_sec:7.0f}  memory {stats.memory_transitions}")
             if step == args.steps:
                 break
 

@@ -163,11 +163,11 @@ class ProgressLog(Callback):
         rate = (steps - self._last_steps) / max(now - self._last, 1e-9)
         self._last, self._last_steps = now, steps
         stats = self.replay.stream.stats()        # since the epoch began
-        games, mean = stats.get('games') or 0, stats.get('mean_score')
+        games, mean = stats.games, stats.mean_score
         line = (f"progress: {steps} agent steps ({rate:.0f}/s), training step {self.global_step}, "
                 f"epoch {self.epoch_num}: {games} games finished this epoch")
         if mean is not None:
-            line += f", mean score {mean:.1f} (max {stats.get('max_score'):.0f})"
+            line += f", mean score {mean:.1f} (max {stats.max_score:.0f})"
         logger.info(line + f", epsilon {self.replay.exploration:.3f}")
 
 

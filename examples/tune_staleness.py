@@ -265,7 +265,7 @@ def measure(args, make_player, frame_shape, dtype, history, predictor, players, 
                 steps_per_sec=steps / elapsed, updates_per_sec=updates / elapsed,
                 request_lag_mean=req.mean(), request_lag_max=int(req.max()),
                 update_lag_mean=upd.mean(), update_lag_max=int(upd.max()),
-                mean_inference_batch=stats.get('mean_inference_batch') or 0.0,
+                mean_inference_batch=stats.mean_inference_batch or 0.0,
                 seconds=elapsed)
 
 
