@@ -77,7 +77,7 @@ def test_ratio_counts_sub_env_steps(run):
     """update_frequency 4 is 4 inserted sub-env steps per batch (two vector steps of two
     sub-envs), whatever the player: the measured ratio is batch / update_frequency."""
     _, stats, _ = run
-    assert stats['samples_per_insert'] == pytest.approx(BATCH / UPDATE_FREQUENCY, rel=0.1)
+    assert stats.samples_per_insert == pytest.approx(BATCH / UPDATE_FREQUENCY, rel=0.1)
 
 
 def test_close_ends_the_worker_processes(run):

@@ -604,8 +604,8 @@ def test_stream_writes_the_episode_log_and_counts_totals(tmp_path):
             next(batches)
     stats = stream.stats()
     records = read_episode_log(tmp_path / 'logs' / EPISODE_LOG_FILENAME)
-    assert len(records) == len(seen) == stats['episodes_total'] > 20
-    assert stats['episodes_started_total'] == len(records) + 2 and stats['restart_starts'] == 0
+    assert len(records) == len(seen) == stats.episodes_total > 20
+    assert stats.episodes_started_total == len(records) + 2 and stats.restart_starts == 0
     for r in records:
         want = ProceduralSeeds(12).seed_for(r.runner, 0, r.episode)
         assert r.seed == want == envs[r.runner].seeds[r.episode]

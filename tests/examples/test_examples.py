@@ -259,7 +259,8 @@ def test_progress_log_reports_agent_steps_games_and_epsilon():
 
     clock = types.SimpleNamespace(now=100.0)
     mem = types.SimpleNamespace(num_steps_written=1000)
-    stream = types.SimpleNamespace(stats=lambda: dict(games=3, mean_score=-20.3, max_score=-19.0))
+    figures = types.SimpleNamespace(games=3, mean_score=-20.3, max_score=-19.0)   # a StreamStats
+    stream = types.SimpleNamespace(stats=lambda: figures)
     replay = types.SimpleNamespace(mem=mem, stream=stream, exploration=0.95)
     cb = ProgressLog(replay, every=30, first=10, clock=lambda: clock.now)
     cb.trainer = types.SimpleNamespace(global_step=250, epoch_num=1)
