@@ -76,7 +76,7 @@ def run(players, predictor, memory, staleness, exploration, warmup, seconds, ray
         s1 = [e.stats() for e in ray_envs]
     traffic = {}
     if ray_envs:
-        d = {k: sum(b[k] - a[k] for a, b in zip(s0, s1)) for k in ('env_steps', 'bytes', 'round_trip', 'compute')}
+        d = {k: sum(getattr(b, k) - getattr(a, k) for a, b in zip(s0, s1)) for k in ('env_steps', 'bytes', 'round_trip', 'compute')}
         n = max(d['env_steps'], 1)
         traffic = dict(bytes_per_step=d['bytes'] / n, rtt_ms=d['round_trip'] / n * 1e3,
                        overhead_ms=(d['round_trip'] - d['compute']) / n * 1e3,
@@ -126,7 +126,7 @@ def run_async(env, predictor, memory, exploration, warmup, seconds, seed=0):
     w1, t1, s1 = memory.num_steps_written, time.perf_counter(), env.stats()
     for w in writers:
         w.close()
-    d = {k: s1[k] - s0[k] for k in ('env_steps', 'bytes', 'round_trip', 'compute')}
+    d = {k: getattr(s1, k) - getattr(s0, k) for k in ('env_steps', 'bytes', 'round_trip', 'compute')}
     m = max(d['env_steps'], 1)
     return (w1 - w0) / (t1 - t0), dict(bytes_per_step=d['bytes'] / m, rtt_ms=d['round_trip'] / m * 1e3,
                                        overhead_ms=(d['round_trip'] - d['compute']) / m * 1e3,
