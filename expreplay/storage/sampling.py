@@ -196,7 +196,9 @@ class Sampler:
             np.empty(shape, dtype), np.empty(b, np.float32), np.empty(b, bool),
             np.empty(b, np.int64), np.empty(b, np.float32),
             *(np.empty(b, arr.dtype) for arr in extras.values())))
-        return SampleBatch(*arrays[:8], extras=dict(zip(extras, arrays[8:])))
+        state, action, reward, next_state, discount, is_over, indices, weights, *more = arrays
+        return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights,
+                           extras=dict(zip(extras, more)))
 
     def kernel(self, frames: int = 1, layout: str = 'NCHW') -> Any:
         """The C sampler bound to the ring's tables (:func:`expreplay.storage._gather.Ring`), or
