@@ -126,9 +126,10 @@ class Sampling:
 
     def draw(self, memory: ReplayMemory) -> list[np.ndarray] | SampleBatch:
         """One batch from ``memory`` (thread-safe)."""
-        # A fresh batch each time, not the memory's ``out=`` buffers: a learner may keep a
-        # batch it was handed (a list of recent batches, a framework that copies lazily), and
-        # a reused buffer would change under it; allocating is not what limits the stream.
+        # Not the memory's ``out=`` buffers: a learner may keep a batch it was handed (a list
+        # of recent batches, a framework that copies lazily), and a reused buffer would change
+        # under it. The memory hands out arrays of earlier batches only once nothing refers to
+        # them any more (``storage/_recycled.py``), which spares the page faults of new ones.
         with self._lock:
             if not self.named_batches(memory):
                 return memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
