@@ -24,7 +24,8 @@ def wait_for_waiting_consumer(prefetcher, timeout=30):
 
 
 # ---------------------------------------------------------------------- the Prefetcher alone
-def test_prefetcher_hands_out_in_order_and_keeps_at_most_depth_ahead():
+def counter():
+    """A producer of 0, 1, 2, ... (thread-safe) and the list of what it made."""
     made = []
     lock = threading.Lock()
 
@@ -32,7 +33,11 @@ def test_prefetcher_hands_out_in_order_and_keeps_at_most_depth_ahead():
         with lock:
             made.append(len(made))
             return made[-1]
+    return produce, made
 
+
+def test_prefetcher_hands_out_in_order_and_keeps_at_most_depth_ahead():
+    produce, made = counter()
     p = Prefetcher(produce, 3, name='test-prefetch')
     try:
         for k in range(200):

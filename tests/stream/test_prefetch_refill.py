@@ -12,20 +12,10 @@ import threading
 import pytest
 
 from expreplay.stream.prefetch import Prefetcher
+from test_prefetch import counter
 
 pytestmark = pytest.mark.timeout(120)
 GUARD = 30
-
-
-def counter():
-    made = []
-    lock = threading.Lock()
-
-    def produce():
-        with lock:
-            made.append(len(made))
-            return made[-1]
-    return produce, made
 
 
 def test_a_full_buffer_is_refilled_only_once_drained_to_half():
