@@ -25,7 +25,7 @@ def wait_for_waiting_consumer(prefetcher, timeout=30):
 
 # ---------------------------------------------------------------------- the Prefetcher alone
 def counter():
-    """A producer of 0, 1, 2, ... (thread-safe) and the list of what it made."""
+    """A producer of 0, 1, 2, ... (thread-safe), the list of what it made and its lock."""
     made = []
     lock = threading.Lock()
 
@@ -33,11 +33,11 @@ def counter():
         with lock:
             made.append(len(made))
             return made[-1]
-    return produce, made
+    return produce, made, lock
 
 
 def test_prefetcher_hands_out_in_order_and_keeps_at_most_depth_ahead():
-    produce, made = counter()
+    produce, made, lock = counter()
     p = Prefetcher(produce, 3, name='test-prefetch')
     try:
         for k in range(200):

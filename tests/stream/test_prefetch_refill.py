@@ -19,7 +19,7 @@ GUARD = 30
 
 
 def test_a_full_buffer_is_refilled_only_once_drained_to_half():
-    produce, made = counter()
+    produce, made, _ = counter()
     p = Prefetcher(produce, 4, name='test-prefetch')
     try:
         assert p.wait_full(GUARD) and p.ready() == 4
@@ -40,7 +40,7 @@ def test_a_full_buffer_is_refilled_only_once_drained_to_half():
 def test_no_hand_over_is_lost_whatever_the_speeds(depth):
     """A producer and a consumer that each pause at random moments (a switch of threads):
     every result arrives in order, the buffer never holds more than depth."""
-    produce, made = counter()
+    produce, made, _ = counter()
     rng = random.Random(depth)
     pauses = [rng.random() < 0.3 for _ in range(4000)]
 
@@ -76,7 +76,7 @@ def test_no_hand_over_is_lost_whatever_the_speeds(depth):
 def test_wait_full_sees_the_thread_idle_after_a_get_above_half():
     """wait_full() is for reading counts while the thread makes nothing: after a get that
     leaves the buffer above half it is already idle, and wait_full says so at once."""
-    produce, made = counter()
+    produce, made, _ = counter()
     p = Prefetcher(produce, 6, name='test-prefetch')
     try:
         for k in range(20):
