@@ -312,8 +312,9 @@ def train(args):
         checkpoint_dir=args.checkpoint_dir and os.path.join(args.checkpoint_dir, 'memory'))
 
     print(f"DQN (JAX) on MinAtar {GAMES[args.game]}: {args.frames} frames, seed {args.seed}, "
-          f"{jax.default_backend()} learner; "
-          f"filling {args.replay_start} frames at random first", flush=True)
+          f"{jax.default_backend()} learner; " + (
+              f"{len(stream.memory)} transitions in the memory" if stream.resumed else
+              f"filling {args.replay_start} frames at random first"), flush=True)
     start = last_log = time.time()
     last_frames, soak_shown, pending = frames, False, None
     with stream:   # closing joins every thread and saves the memory, also on Ctrl-C or an error
