@@ -166,7 +166,12 @@ class Prefetcher:
                 return self.END
             item = self._items.popleft()
             self.handed_out += 1
-            if (self._producer_waiting and len(self._items) <= self._low) or self._watchers:
+            refill = self._producer_waiting and len(self._items) <= self._low
+            if refill:
+                # The thread is released now, not when it wakes: until it takes the lock
+                # back, wait_full() must not see it idle while it is about to produce.
+                self._producer_waiting = False
+            if refill or self._watchers:
                 cond.notify_all()     # the thread refills the buffer
             return item
 

@@ -36,6 +36,32 @@ def test_a_full_buffer_is_refilled_only_once_drained_to_half():
         assert p.join(10)
 
 
+def test_the_thread_released_to_refill_is_not_seen_idle_before_it_wakes():
+    """The get() that releases the thread also marks it busy: a wait_full() that takes the lock
+    before the woken thread does must wait for the refill, not read counts the thread is about
+    to change (its next result here is held until the test lets it go)."""
+    produce, made, _ = counter()
+    hold = threading.Event()
+
+    def held():
+        if len(made) >= 2:         # the refill's result waits for the test
+            hold.wait(GUARD)
+        return produce()
+
+    p = Prefetcher(held, 2, name='test-prefetch')
+    try:
+        assert p.wait_full(GUARD) and p.ready() == 2
+        assert p.get() == 0        # down to half: releases the thread
+        # The refill can not end while `hold` is clear: the thread is not idle.
+        assert not p.wait_full(timeout=0.2)
+        hold.set()
+        assert p.wait_full(GUARD) and p.produced == 3
+    finally:
+        hold.set()
+        p.stop()
+        assert p.join(10)
+
+
 @pytest.mark.parametrize('depth', [1, 2, 3, 4, 5])
 def test_no_hand_over_is_lost_whatever_the_speeds(depth):
     """A producer and a consumer that each pause at random moments (a switch of threads):
