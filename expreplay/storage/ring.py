@@ -151,6 +151,13 @@ class BlockRing(_LaneGeometry):
         priorities: ``(alpha, eps)`` for a prioritized ring, None for a uniform one.
     """
 
+    # Set by _set_new (at construction, and by a load that failed).
+    free: collections.deque[int]
+    retired: collections.deque[int]
+    num_valid: int
+    num_steps_written: int
+    priorities: PriorityIndex | None
+
     def __init__(self, num_blocks: int, block_size: int, history_len: int,
                  state_shape: tuple[int, ...], dtype: np.dtype,
                  extra_fields: Mapping[str, np.dtype],
@@ -168,20 +175,15 @@ class BlockRing(_LaneGeometry):
         # Extra per-step fields, stored like the action and reward (the slot of the step's state).
         self.extras = {name: np.zeros(self.num_slots, d) for name, d in extra_fields.items()}
 
-        self.block_fill = np.zeros(num_blocks, np.int64)
-        self.block_prev = np.full(num_blocks, -1, np.int64)
-        self.block_next = np.full(num_blocks, -1, np.int64)
-        self.block_prev_intact = np.zeros(num_blocks, bool)
-        self.block_state = np.full(num_blocks, _FREE, np.int8)
-        self.block_gen = np.zeros(num_blocks, np.int64)      # +1 at every claim
-        self.free: collections.deque[int] = collections.deque(range(num_blocks))
-        self.retired: collections.deque[int] = collections.deque()
+        self.block_fill = np.empty(num_blocks, np.int64)
+        self.block_prev = np.empty(num_blocks, np.int64)
+        self.block_next = np.empty(num_blocks, np.int64)
+        self.block_prev_intact = np.empty(num_blocks, bool)
+        self.block_state = np.empty(num_blocks, np.int8)
+        self.block_gen = np.empty(num_blocks, np.int64)      # +1 at every claim
         # Block arrays of writers collected unclosed (queued by their finalizers, lock-free).
         self.abandoned: collections.deque[np.ndarray] = collections.deque()
-        self.num_valid = 0
-        self.num_steps_written = 0       # all steps ever added, for statistics
-        self.priorities = (None if priorities is None else
-                           PriorityIndex(self.num_slots, *priorities, self.flags, _VALID))
+        _set_new(self, priorities)   # free, retired, num_valid, num_steps_written, priorities
         self.lock = threading.Lock()
 
     # ------------------------------------------------------------------ writing (writers)
@@ -406,16 +408,13 @@ class BlockRing(_LaneGeometry):
 
     @property
     def untouched(self) -> bool:
-        """Nothing was ever written and no writer holds a block: a ring :meth:`load_state` may
-        fill."""
+        """Nothing ever written, no block held by a writer: :meth:`load_state` may fill it."""
         return self.num_steps_written == 0 and len(self.free) == self.num_blocks
 
     def load_state(self, counters: Mapping[str, Any], source: Any) -> None:
         """Fill this new ring (:attr:`untouched`) with an exported :meth:`state`, then check
         it against the invariants (I1-I7: :func:`~expreplay.storage._checkpoint_checks.validate`).
-        The tables are filled in place: the arrays stay those that writers and samplers may
-        have bound. If reading or checking fails, the ring is a new one again before the error
-        propagates.
+        In place (bound arrays stay valid); if reading or checking fails, the ring is new again.
 
         ``source`` supplies the tables: ``source.read_into(name, targets, dtype, shape)`` fills
         the C-contiguous ``targets`` in order, ``source.read_queue(name, max_len)`` returns a
@@ -424,10 +423,11 @@ class BlockRing(_LaneGeometry):
         come from ``counters`` (``num_valid``, ``num_steps_written``; for a prioritized ring
         ``max_priority`` and ``stale_priority_updates``).
         """
+        priorities = self.priorities
         try:
             _load_state(self, counters, source)
         except BaseException:
-            _clear(self)
+            _set_new(self, None if priorities is None else (priorities.alpha, priorities.eps))
             raise
 
     def tables(self) -> list[tuple[str, Any, str]]:
@@ -496,19 +496,17 @@ def _load_state(ring: BlockRing, counters: Mapping[str, Any], source: Any) -> No
         ring.priorities.rebuild()
 
 
-def _clear(ring: BlockRing) -> None:
-    """A new ring's tables and counters again, in place (after a :meth:`BlockRing.load_state`
-    that failed part-way). Slot rows the load wrote stay, as garbage of free blocks (I2)."""
-    ring.block_fill[:] = 0
-    ring.block_prev[:] = -1
-    ring.block_next[:] = -1
-    ring.block_prev_intact[:] = False
-    ring.block_state[:] = _FREE
-    ring.block_gen[:] = 0
-    ring.flags[:] = 0
+def _set_new(ring: BlockRing, priorities: tuple[float, float] | None) -> None:
+    """A ring nothing was written to, its tables set in place (writers and samplers keep
+    the arrays they bound): at construction, and after a :meth:`BlockRing.load_state` that failed
+    part-way. Slot rows stay as they are: garbage of free blocks (I2)."""
+    for table, value in ((ring.block_fill, 0), (ring.block_prev, -1), (ring.block_next, -1),
+                         (ring.block_prev_intact, False), (ring.block_state, _FREE),
+                         (ring.block_gen, 0), (ring.flags, 0)):
+        table[:] = value
     ring.free = collections.deque(range(ring.num_blocks))
     ring.retired = collections.deque()
-    ring.num_valid = ring.num_steps_written = 0
-    if ring.priorities is not None:
-        old = ring.priorities
-        ring.priorities = PriorityIndex(ring.num_slots, old.alpha, old.eps, ring.flags, _VALID)
+    ring.num_valid = 0
+    ring.num_steps_written = 0       # all steps ever added, for statistics
+    ring.priorities = (None if priorities is None else
+                       PriorityIndex(ring.num_slots, *priorities, ring.flags, _VALID))

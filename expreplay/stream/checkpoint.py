@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from typing import Any
 
 from ..storage.memory import ReplayMemory, load_into
@@ -52,8 +53,11 @@ class MemoryCheckpoint:
         if not self.exists():
             return False
         if not memory.ring.untouched:
-            logger.info("The replay memory given holds %d transitions: %s is not loaded (a "
-                        "save writes this memory over it).", len(memory), self.path)
+            # Said aloud, not logged: the stream's save at close replaces the user's checkpoint.
+            warnings.warn(f"the replay memory given holds {len(memory)} transitions: the "
+                          f"checkpoint {self.path} is not loaded, and saving this memory will "
+                          "replace it (pass a new memory to resume from it, or another "
+                          "checkpoint_dir to keep it)", RuntimeWarning, stacklevel=4)
             return False
         load_into(memory, self.path)
         logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
