@@ -311,12 +311,16 @@ def gil_free_share_of_env_step(seconds=1.0):
     return min(max(1.0 - rates[0] / rates[1], 0.0), 1.0)
 
 
-def cpu_ms_per_sample(memory, reps=300):
+def cpu_ms_per_sample(memory, reps=300, transitions=False):
+    """CPU ms of one ``sample_batch(64)`` (rows of history + 1 frames), or with
+    ``transitions`` of one ``sample(64)``: the state and the next state as two arrays, the
+    draw the stream makes by default."""
     rng = np.random.default_rng(0)
-    memory.sample_batch(BATCH, rng=rng)
+    draw = memory.sample if transitions else memory.sample_batch
+    draw(BATCH, rng=rng)
     c0 = time.thread_time()
     for _ in range(reps):
-        memory.sample_batch(BATCH, rng=rng)
+        draw(BATCH, rng=rng)
     return (time.thread_time() - c0) / reps * 1e3
 
 
@@ -424,13 +428,15 @@ def run_profile(args):
                 print(f"  profile round {r + 1} {label} {mode}: {res['rate']:.0f}/s, "
                       f"{res['cpu_ms']:.2f} CPU ms per update; load {os.getloadavg()[0]:.1f}",
                       file=sys.stderr, flush=True)
-    sample_ms = cpu_ms_per_sample(contestants[0][1].stream.memory)
+    memory = contestants[0][1].stream.memory
+    sample_ms = cpu_ms_per_sample(memory)
+    transitions_ms = cpu_ms_per_sample(memory, transitions=True)
     for _, c in contestants:
         c.stream.close(save=False)       # the floor is measured on an idle process
     out['floor'] = dict(env_ms=cpu_ms_per_env_step(), vector_env_ms=cpu_ms_per_vector_env_step(),
                         gil_free_share=gil_free_share_of_env_step(),
-                        sample_ms=cpu_ms_per_sample(contestants[0][1].stream.memory))
-    out['floor']['sample_ms'] = min(sample_ms, out['floor']['sample_ms'])
+                        sample_ms=min(sample_ms, cpu_ms_per_sample(memory)),
+                        transitions_ms=min(transitions_ms, cpu_ms_per_sample(memory, transitions=True)))
     if os.path.exists(spy_path):
         os.remove(spy_path)
     print(json.dumps(out), flush=True)
@@ -564,7 +570,9 @@ def report_profile(res, args):
               f"with the counters, {med([r['rate'] for r in prof[label]['gil']]):.0f} updates/s under "
               f"py-spy), {steps:.2f} env steps stored per update; floor {UPDATE_FREQUENCY} x "
               f"{env_ms:.3f} + {floor['sample_ms']:.3f} = {floor_ms:.2f} CPU ms, CPU / floor "
-              f"{cpu_plain / floor_ms:.2f}; the library's own time (all but the env, the simulated "
+              f"{cpu_plain / floor_ms:.2f} (with the draw the stream makes, sample(64): "
+              f"{floor_ms - floor['sample_ms'] + floor['transitions_ms']:.2f} CPU ms, CPU / floor "
+              f"{cpu_plain / (floor_ms - floor['sample_ms'] + floor['transitions_ms']):.2f}); the library's own time (all but the env, the simulated "
               f"predictor and the learner loop) per env step: CPU {library_cpu / steps:.3f} ms, "
               f"GIL-held {library_gil / steps:.3f} ms (without the draw "
               f"{(library_gil - gil[label].get('draw', 0.0)) / steps:.3f} ms)")
@@ -581,7 +589,7 @@ def report_profile(res, args):
     print(f"  floor: a gymnasium Pong step {floor['env_ms']:.3f} CPU ms ({floor['gil_free_share']:.0%} "
           f"of it without the GIL: two envs in two threads against one), an AtariVectorEnv x 4 "
           f"step {floor['vector_env_ms']:.3f} CPU ms per env (all its threads), sample_batch(64) "
-          f"{floor['sample_ms']:.3f} CPU ms")
+          f"{floor['sample_ms']:.3f} CPU ms, sample(64) {floor['transitions_ms']:.3f} CPU ms")
 
 
 def _worker_args(args):

@@ -32,6 +32,7 @@ if __name__ == '__main__':
 import collections
 import functools
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -194,13 +195,16 @@ def record_gil(seconds, rate, path):
 def _samples(path):
     """``(thread name, frames outermost first, count)`` of each line of py-spy's raw output."""
     with open(path) as f:
-        for line in f:
-            stack, _, count = line.rstrip('\n').rpartition(' ')
-            frames = stack.split(';')
-            thread = ''
-            if frames and frames[0].startswith('thread'):    # --threads: 'thread (tid): name'
-                thread = frames.pop(0).split(': ', 1)[-1]
-            yield thread, frames, int(count)
+        text = f.read()
+    # A frame's name may hold newlines (py-spy sometimes reads a module's docstring as its
+    # name), so a sample is a line that starts with its thread and the lines that follow it.
+    for line in re.split(r'\n(?=thread \()', text.strip('\n')):
+        stack, _, count = line.replace('\n', ' ').rpartition(' ')
+        frames = stack.split(';')
+        thread = ''
+        if frames and frames[0].startswith('thread'):    # --threads: 'thread (tid): name'
+            thread = frames.pop(0).split(': ', 1)[-1]
+        yield thread, frames, int(count)
 
 
 def gil_stages(path, rate):
