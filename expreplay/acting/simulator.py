@@ -174,7 +174,11 @@ class SimulatorThread:
         """
         group = slot.group
         members = slot.pick(len(reqs))
-        explorations = reqs[0].exploration if len(reqs) == 1 else [r.exploration for r in reqs]
+        # One probability when the requests agree (the common case: a schedule changes it
+        # rarely), which spares the group an array and its checks per step.
+        first = reqs[0].exploration
+        explorations = first if all(r.exploration == first for r in reqs) \
+            else [r.exploration for r in reqs]
         activity = self.activity
         try:
             if self._window.closed:

@@ -23,6 +23,7 @@ __all__ = ['as_frame', 'check_frames', 'check_rewards', 'unstorable_rewards', 'u
 # The rules of what may enter the memory. Each has a one-value form (used per step by the
 # writers) and a vectorized form (for batch writers); both raise the same errors.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_MAX_SQUARED = _FLOAT32_MAX ** 2
 _INT32_MIN, _INT32_MAX = -2**31, 2**31 - 1
 
 
@@ -93,7 +94,12 @@ def unstorable_rewards(rewards: np.ndarray) -> np.ndarray | None:
     bool mask of those it can not (NaN, inf, beyond float32's range). One comparison in the
     common case: the acting path checks a whole step with it. (The C kernels' fast paths
     decline such rewards, and the numpy path then applies this rule.)"""
-    with np.errstate(invalid='ignore'):
+    with np.errstate(over='ignore', invalid='ignore'):
+        # A sum of squares that is finite and within float32's range squared means every
+        # reward is: one product, a fraction of the reduction's cost on a step's few rewards.
+        if rewards.ndim == 1 and rewards.dtype.kind == 'f' \
+                and float(rewards.dot(rewards)) <= _FLOAT32_MAX_SQUARED:
+            return None
         if np.abs(rewards).max(initial=0.0) <= _FLOAT32_MAX:
             return None
         return ~(np.abs(rewards) <= _FLOAT32_MAX)

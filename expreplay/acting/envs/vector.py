@@ -52,7 +52,7 @@ class _VectorBase(EnvAdapter):
         truncated = _flags(truncated, n, 'player truncated')
         self._ended[env_ids] = (terminated | truncated) & ~started
         return Results(env_ids, obs, _rewards(reward, n), terminated, truncated,
-                       self._lives(info, n), started if started.any() else None)
+                       self._lives(info, n), started if np.count_nonzero(started) else None)
 
 
 class VectorEnvAdapter(_VectorBase):
