@@ -122,6 +122,45 @@ def test_vector_env_events_in_every_autoreset_mode(mode):
     venv.close()
 
 
+class _ReportsEnvIds:
+    """A vector env of ScriptedEnvs that takes actions in sub-env order and reports its rows in
+    the order ``order`` with ``info['env_id']``, as EnvPool's synchronous mode may."""
+
+    metadata = {'autoreset_mode': AutoresetMode.NEXT_STEP}
+
+    def __init__(self, n, order, **kw):
+        self.venv = _vector(n, AutoresetMode.NEXT_STEP, **kw)
+        self.num_envs, self.single_action_space = n, self.venv.single_action_space
+        self.order = np.asarray(order)
+
+    def _reordered(self, obs, *rest):
+        return (np.asarray(obs)[self.order], *[np.asarray(a)[self.order] for a in rest],
+                {'env_id': self.order.astype(np.int32)})
+
+    def reset(self, **kw):
+        return self._reordered(self.venv.reset(**kw)[0])
+
+    def step(self, actions):
+        return self._reordered(*self.venv.step(actions)[:4])
+
+    def close(self):
+        self.venv.close()
+
+
+@pytest.mark.parametrize('order', [[0, 1, 2], [2, 0, 1]])
+def test_vector_env_rows_are_put_in_sub_env_order_by_env_id(order):
+    venv = _ReportsEnvIds(3, order, episode_lengths=5)
+    ad = adapt_env(venv)
+    assert isinstance(ad, VectorEnvAdapter)
+    assert [_ids(o) for o in ad.reset(seed=0).obs] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]
+    s = ad.step(np.array([0, 1, 2]))
+    assert [_ids(o) for o in s.obs] == [(0, 0, 1), (1, 0, 1), (2, 0, 1)]
+    # Each row's reward is its own sub-env's, for the action given to that sub-env.
+    assert s.reward.tolist() == [e.transitions[(0, 0)][1] for e in venv.venv.envs]
+    assert [e.transitions[(0, 0)][0] for e in venv.venv.envs] == [0, 1, 2]
+    venv.close()
+
+
 def test_vector_env_lives_per_sub_env():
     venv = _vector(2, AutoresetMode.NEXT_STEP, episode_lengths=50, lives=3, life_every=2)
     ad = adapt_env(venv)

@@ -23,6 +23,7 @@ class _VectorBase(EnvAdapter):
         self.num_envs = int(player.num_envs)
         self.num_actions = _discrete_n(getattr(player, 'single_action_space', None))
         self._all = np.arange(self.num_envs, dtype=np.int64)
+        self._all_bytes = self._all.tobytes()
         # Sub-envs whose episode ended: their next report is a start (NEXT_STEP autoreset).
         self._ended = np.zeros(self.num_envs, bool)
 
@@ -106,9 +107,12 @@ class VectorEnvAdapter(_VectorBase):
         ids = info.get('env_id') if isinstance(info, dict) else None
         if ids is None:
             return (obs,) + arrays
-        order = np.argsort(np.asarray(ids))
-        if (order == self._all).all():
+        ids = np.asarray(ids)
+        # Most engines report their sub-envs in order: one bytes comparison (every step),
+        # where argsort and a reduction cost ~10x as much.
+        if len(ids) == self.num_envs and ids.astype(np.int64, copy=False).tobytes() == self._all_bytes:
             return (obs,) + arrays
+        order = np.argsort(ids)
         return tuple(np.asarray(a)[order] for a in (obs,) + arrays)
 
     def reset(self, seed: Any = None, options: dict[str, Any] | None = None) -> Results | None:
