@@ -62,6 +62,7 @@ exits frees them and its memory).
 """
 
 import argparse
+import collections
 import json
 import os
 import queue
@@ -366,6 +367,23 @@ def instrument(clock):
         clock.patch(owner, name, stage)
 
 
+def thread_switches():
+    """``{thread name: voluntary context switches so far}`` of this process's threads (a
+    thread without a Python name, an engine's C++ worker, counts as 'engine threads'); every
+    wait that blocks (a condition, a lock, a sleep, an engine's barrier) is one."""
+    names = {t.native_id: t.name.split('-')[0] for t in threading.enumerate()}
+    out = collections.Counter()
+    for tid in os.listdir('/proc/self/task'):
+        try:
+            with open(f'/proc/self/task/{tid}/status') as f:
+                status = f.read()
+        except OSError:             # the thread ended meanwhile
+            continue
+        count = int(status.split('voluntary_ctxt_switches:')[1].split()[0])
+        out[names.get(int(tid), 'engine threads')] += count
+    return out
+
+
 def measure_profiled(contestant, warmup, seconds, mode, clock, spy_path):
     """One measure of ``contestant`` in ``mode`` ('plain', 'counters' or 'gil'): updates/s,
     CPU ms per update, env steps stored per update, and for 'counters' / 'gil'
@@ -381,6 +399,7 @@ def measure_profiled(contestant, warmup, seconds, mode, clock, spy_path):
         time.sleep(0.3)                  # py-spy attaches (its samples start then)
     elif mode == 'counters':
         clock.start()
+    switches = thread_switches() if mode == 'plain' and os.path.isdir('/proc/self/task') else None
     n, w0, t0, c0 = 0, memory.num_steps_written, time.perf_counter(), time.process_time()
     deadline = t0 + seconds
     while time.perf_counter() < deadline:
@@ -389,6 +408,9 @@ def measure_profiled(contestant, warmup, seconds, mode, clock, spy_path):
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     steps = memory.num_steps_written - w0
     out = dict(rate=n / wall, cpu_ms=cpu / n * 1e3, steps_per_update=steps / n)
+    if switches is not None:
+        after = thread_switches()
+        out['switches'] = {k: (after[k] - switches.get(k, 0)) / n for k in after}
     if mode == 'counters':
         stages, _ = clock.stop()
         out['stages'] = {k: v / n * 1e3 for k, v in stages.items()}
@@ -576,6 +598,13 @@ def report_profile(res, args):
               f"predictor and the learner loop) per env step: CPU {library_cpu / steps:.3f} ms, "
               f"GIL-held {library_gil / steps:.3f} ms (without the draw "
               f"{(library_gil - gil[label].get('draw', 0.0)) / steps:.3f} ms)")
+    for label in labels:
+        runs = [r['switches'] for r in prof[label]['plain'] if 'switches' in r]
+        if runs:
+            per = {k: med([r.get(k, 0.0) for r in runs]) for k in {k for r in runs for k in r}}
+            print(f"  {label}: voluntary context switches per update {sum(per.values()):.1f} ("
+                  + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1])
+                              if v >= 0.05) + ")")
     for label in labels:
         runs = prof[label]['gil']
         keys = {k for run in runs for k in run.get('functions', {})
