@@ -45,15 +45,26 @@ class _VectorBase(EnvAdapter):
     def _next_step_results(self, env_ids, obs, reward, terminated, truncated, info):
         """Results of a NEXT_STEP engine: a row of a sub-env that had ended is its start."""
         n = len(env_ids)
-        started = self._ended[env_ids]
-        restarted = self._restarted(info, n)
-        if restarted is not None:
-            started = started | restarted
         terminated = _flags(terminated, n, 'player terminated')
         truncated = _flags(truncated, n, 'player truncated')
-        self._ended[env_ids] = (terminated | truncated) & ~started
+        ended = terminated | truncated
+        restarted = self._restarted(info, n)
+        # The common step (no sub-env had ended, none restarted, none ends) touches no mask:
+        # count_nonzero is a fraction of a fancy index's cost on a few rows.
+        started = None
+        if restarted is not None or np.count_nonzero(self._ended):
+            started = self._ended[env_ids]
+            if restarted is not None:
+                started |= restarted
+            if np.count_nonzero(started):
+                ended &= ~started
+            else:
+                started = None
+            self._ended[env_ids] = ended
+        elif np.count_nonzero(ended):
+            self._ended[env_ids] = ended
         return Results(env_ids, obs, _rewards(reward, n), terminated, truncated,
-                       self._lives(info, n), started if np.count_nonzero(started) else None)
+                       self._lives(info, n), started)
 
 
 class VectorEnvAdapter(_VectorBase):
