@@ -368,11 +368,11 @@ def instrument(clock):
 
 
 def thread_switches():
-    """``{thread name: voluntary context switches so far}`` of this process's threads (a
-    thread without a Python name, an engine's C++ worker, counts as 'engine threads'); every
+    """``{thread id: (name, voluntary context switches so far)}`` of this process's threads
+    (a thread without a Python name, an engine's C++ worker, is named 'engine threads'); every
     wait that blocks (a condition, a lock, a sleep, an engine's barrier) is one."""
     names = {t.native_id: t.name.split('-')[0] for t in threading.enumerate()}
-    out = collections.Counter()
+    out = {}
     for tid in os.listdir('/proc/self/task'):
         try:
             with open(f'/proc/self/task/{tid}/status') as f:
@@ -380,7 +380,7 @@ def thread_switches():
         except OSError:             # the thread ended meanwhile
             continue
         count = int(status.split('voluntary_ctxt_switches:')[1].split()[0])
-        out[names.get(int(tid), 'engine threads')] += count
+        out[int(tid)] = (names.get(int(tid), 'engine threads'), count)
     return out
 
 
@@ -409,8 +409,11 @@ def measure_profiled(contestant, warmup, seconds, mode, clock, spy_path):
     steps = memory.num_steps_written - w0
     out = dict(rate=n / wall, cpu_ms=cpu / n * 1e3, steps_per_update=steps / n)
     if switches is not None:
-        after = thread_switches()
-        out['switches'] = {k: (after[k] - switches.get(k, 0)) / n for k in after}
+        # Per thread name; a thread that ended meanwhile is not counted (none does here).
+        per_name = collections.Counter()
+        for tid, (name, count) in thread_switches().items():
+            per_name[name] += count - switches.get(tid, (name, 0))[1]
+        out['switches'] = {k: v / n for k, v in per_name.items()}
     if mode == 'counters':
         stages, _ = clock.stop()
         out['stages'] = {k: v / n * 1e3 for k, v in stages.items()}

@@ -198,6 +198,8 @@ def _samples(path):
         text = f.read()
     # A frame's name may hold newlines (py-spy sometimes reads a module's docstring as its
     # name), so a sample is a line that starts with its thread and the lines that follow it.
+    if not text.strip():
+        return
     for line in re.split(r'\n(?=thread \()', text.strip('\n')):
         stack, _, count = line.replace('\n', ' ').rpartition(' ')
         frames = stack.split(';')

@@ -314,7 +314,6 @@ class ActingGroup:
         else:
             reward, term, trunc = res.reward, res.terminated, res.truncated
         stepping = self._lanes.open[lanes]   # a sub-env that ended reports nothing until it starts
-        # (count_nonzero: a fraction of a ufunc reduction's cost on a few lanes, every step)
         if np.count_nonzero(stepping) < len(stepping):
             lanes, frames, actions, lives = lanes[stepping], frames[stepping], actions[stepping], lives[stepping]
             reward, term, trunc = reward[stepping], term[stepping], trunc[stepping]

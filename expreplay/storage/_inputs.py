@@ -97,7 +97,8 @@ def unstorable_rewards(rewards: np.ndarray) -> np.ndarray | None:
     with np.errstate(over='ignore', invalid='ignore'):
         # A sum of squares that is finite and within float32's range squared means every
         # reward is: one product, a fraction of the reduction's cost on a step's few rewards.
-        if rewards.ndim == 1 and rewards.dtype.kind == 'f' \
+        # (Up to float64, whose rounding of the sum can not hide a value above the limit.)
+        if rewards.ndim == 1 and rewards.dtype.kind == 'f' and rewards.dtype.itemsize <= 8 \
                 and float(rewards.dot(rewards)) <= _FLOAT32_MAX_SQUARED:
             return None
         if np.abs(rewards).max(initial=0.0) <= _FLOAT32_MAX:

@@ -347,7 +347,9 @@ def _integers(rng: Any, high: int, size: int) -> np.ndarray:
 
     A Generator's floats scaled: ``Generator.integers`` costs ~2.5x as much per call in
     Python (the draw holds the GIL for it every batch), and floor(u * high) of a double u
-    is uniform over [0, high) within high / 2**53 (below 1e-9 for any memory size)."""
+    is uniform over [0, high) within high / 2**53 (below 1e-9 for a memory under 9M steps)."""
+    if high <= 0:
+        raise ValueError(f"no integers in [0, {high})")
     if hasattr(rng, 'integers'):
         u = rng.random(size)
         u *= high

@@ -288,6 +288,23 @@ def test_async_engine_protocol_reports_starts_steps_and_restarted_actors():
     assert r.started.all() and [_ids(o) for o in r.obs] == [(0, 1, 0), (1, 1, 0)]
 
 
+def test_async_engine_reporting_an_unknown_sub_env_fails_in_recv():
+    eng = FakeEngine(4, 2, episode_lengths=50)
+    ad = adapt_env(eng)
+    assert ad.reset() is None
+    for _ in range(3):                    # the starts of all four, then a step of two
+        r = ad.recv()
+        ad.send(np.zeros(2, np.int64), r.env_ids)
+    good_recv = eng.recv
+
+    def recv_with_unknown_id():
+        obs, reward, term, trunc, info = good_recv()
+        return obs, reward, term, trunc, {'env_id': np.array([0, 9])}   # as EnvPool: no 'restarted'
+    eng.recv = recv_with_unknown_id
+    with pytest.raises(IndexError):       # here, where the group makes it the runner's failure
+        ad.recv()
+
+
 def test_async_engine_end_to_end_every_sampled_transition():
     from expreplay import ReplayMemory
     from expreplay.acting import EnvRunner

@@ -49,10 +49,11 @@ class _VectorBase(EnvAdapter):
         truncated = _flags(truncated, n, 'player truncated')
         ended = terminated | truncated
         restarted = self._restarted(info, n)
-        # The common step (no sub-env had ended, none restarted, none ends) touches no mask:
-        # count_nonzero is a fraction of a fancy index's cost on a few rows.
+        # The common synchronous step (all sub-envs, none had ended, none restarted, none
+        # ends) touches no mask: count_nonzero is a fraction of a fancy index's cost on a few
+        # rows. An engine's subset is indexed always: an id out of range fails here, in recv.
         started = None
-        if restarted is not None or np.count_nonzero(self._ended):
+        if env_ids is not self._all or restarted is not None or np.count_nonzero(self._ended):
             started = self._ended[env_ids]
             if restarted is not None:
                 started |= restarted
@@ -121,7 +122,7 @@ class VectorEnvAdapter(_VectorBase):
         ids = np.asarray(ids)
         # Most engines report their sub-envs in order: one bytes comparison (every step),
         # where argsort and a reduction cost ~10x as much.
-        if len(ids) == self.num_envs and ids.astype(np.int64, copy=False).tobytes() == self._all_bytes:
+        if ids.size == self.num_envs and ids.astype(np.int64, copy=False).tobytes() == self._all_bytes:
             return (obs,) + arrays
         order = np.argsort(ids)
         return tuple(np.asarray(a)[order] for a in (obs,) + arrays)
