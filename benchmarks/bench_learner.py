@@ -124,8 +124,11 @@ def run_example(script, game, seconds, log_every):
     """Frames/s of an example from its progress lines (the first, with compilation, dropped)."""
     cmd = [sys.executable, '-u', os.path.join(EXAMPLES, script), '--game', game,
            '--frames', '100000000', '--log-every', str(log_every)]
+    # SIGINT handled by default in the child even when this run inherited it ignored (run in
+    # the background of a non-interactive shell), so that the Ctrl-C below stops it cleanly.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=ENV, cwd=ROOT)
+                            env=ENV, cwd=ROOT,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     rates, start = [], None
     try:
         for line in proc.stdout:
