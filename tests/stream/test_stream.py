@@ -3,7 +3,8 @@
 Every batch is checked end to end against the scripted envs' logs, the sampled:inserted ratio is
 checked exactly, and shutdown is checked to leave no thread behind. No sleeps: threads are
 synchronised with events and joins. The tests that take the ``prefetch`` fixture run with the
-prefetch thread off (0, batches drawn in ``next()``) and on (the default depth).
+prefetch thread off (0, batches drawn in ``next()``) and on (the default depth); those that take
+``kernels``, with the optional C kernels and with the numpy path they are a shortcut for.
 """
 
 import os
@@ -17,6 +18,7 @@ import pytest
 from expreplay import ReplayMemory
 from expreplay.acting import RunnerError
 from expreplay.stream import DEFAULT_PREFETCH, Population, PredictorSlot, ReplayStream, Sampling
+from kernel_paths import PATHS, kernel_path
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, check_batch, decode
 
 HISTORY = 3
@@ -26,6 +28,14 @@ OUR_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch')
 @pytest.fixture(params=[0, DEFAULT_PREFETCH], ids=['prefetch-off', 'prefetch-on'])
 def prefetch(request):
     return request.param
+
+
+@pytest.fixture(params=PATHS)
+def kernels(request):
+    """The stream built with every optional C kernel (the test is skipped where one is not
+    built), then with none, as on a machine without a compiler."""
+    with kernel_path(request.param, '_acting_ext', '_write_ext', '_gather_ext', '_tree_ext'):
+        yield request.param
 
 
 class EnvFactory:
@@ -102,7 +112,7 @@ def take(iterator, n):
 
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
 @pytest.mark.parametrize('env_cls', [ScriptedEnv, OldApiScriptedEnv])
-def test_batches_are_right_end_to_end(layout, env_cls, prefetch):
+def test_batches_are_right_end_to_end(layout, env_cls, prefetch, kernels):
     factory = EnvFactory(env_cls, episode_lengths=(7, 2, 12), ends=('terminated', 'truncated'))
     with make_stream(factory, prefer(1), layout=layout, exploration=0.5,
                      prefetch=prefetch) as stream:

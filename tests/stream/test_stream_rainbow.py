@@ -7,8 +7,8 @@ import pytest
 from expreplay import ReplayMemory
 from expreplay.storage.memory import SampleBatch
 from scripted_env import check_batch, decode
-from test_stream import (EnvFactory, draw_logged_stream, make_stream, our_threads, prefer,  # noqa: F401
-                         prefetch, take)
+from test_stream import (EnvFactory, draw_logged_stream, kernels, make_stream,  # noqa: F401
+                         our_threads, prefer, prefetch, take)
 
 HISTORY = 3
 
@@ -42,7 +42,7 @@ def check_nstep_batch(batch, envs, n, gamma, layout='NHWC'):
 
 
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
-def test_n_step_stream_batches_are_right(layout, prefetch):
+def test_n_step_stream_batches_are_right(layout, prefetch, kernels):
     factory = EnvFactory(episode_lengths=(7, 2, 12, 1), ends=('terminated', 'truncated'))
     with make_stream(factory, prefer(1), layout=layout, exploration=0.5, n_step=3,
                      gamma=0.9, prefetch=prefetch) as stream:
@@ -54,7 +54,7 @@ def test_n_step_stream_batches_are_right(layout, prefetch):
     assert our_threads() == []
 
 
-def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch):
+def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch, kernels):
     factory = EnvFactory(episode_lengths=(9, 4), ends=('terminated', 'truncated'))
     seen = []
 
