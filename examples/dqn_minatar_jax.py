@@ -27,7 +27,8 @@ player): it would compete with this loop for the GIL and the cores.
 On a GPU: ``pip install 'jax[cuda12]'``; nothing else changes.
 
 Checkpoints: ``--checkpoint-dir DIR`` saves, every ``--checkpoint-every`` frames and at the end
-(also on Ctrl-C), the replay memory (``DIR/memory``, the library's checkpoint) and the learner
+(also on Ctrl-C, or on ``kill``'s SIGTERM for a run in the background, whose Ctrl-C the
+shell ignores), the replay memory (``DIR/memory``, the library's checkpoint) and the learner
 (``DIR/learner.npz``: online and target weights, the optimizer's state, the frame and update
 counters, the score log's position). Run the same command again and it continues from the
 last checkpoint: the frame count, epsilon, the returns file (rows after the checkpoint are
@@ -44,6 +45,7 @@ the end.
 import argparse
 import csv
 import os
+import signal
 import threading
 import time
 import warnings
@@ -381,6 +383,11 @@ def evaluate(network, params, game, episodes, seed, max_frames=10_000):
     return np.array(scores)
 
 
+def stop_as_ctrl_c(signum, frame):
+    """SIGTERM (``kill``, a batch scheduler ending a job) stops the run as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
     args = argument_parser().parse_args(argv)
     try:
@@ -400,4 +407,5 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
+    signal.signal(signal.SIGTERM, stop_as_ctrl_c)
     main()

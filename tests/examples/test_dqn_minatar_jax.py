@@ -141,17 +141,21 @@ def test_help_answers_before_jax_loads():
     assert ' jax' not in out.stderr and 'minatar' not in out.stderr   # -X importtime's list
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(LEARNING_TIMEOUT)
-def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
+STOPPABLE_RUN = ['--frames', '100000', '--replay-start', '300', '--memory-size', '5000',
+                 '--log-every', '0', '--checkpoint-dir', 'ckpt']
+
+
+def stop_mid_run(tmp_path, sig):
+    """Start a run of the example as a user does, send it ``sig`` once it has trained for 50
+    frames, and check that it stopped cleanly with its learner and memory saved; returns the
+    frame count saved."""
     pytest.importorskip('jax')
     pytest.importorskip('minatar')
-    args = [sys.executable, '-u', os.path.join(EXAMPLE_DIR, 'dqn_minatar_jax.py'),
-            '--frames', '100000', '--replay-start', '300', '--memory-size', '5000',
-            '--log-every', '0', '--checkpoint-dir', 'ckpt']
     # SIGINT handled by default in the child even when this run inherited it ignored (a job
     # started in the background of a non-interactive shell does): else the run ignores Ctrl-C.
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen([sys.executable, '-u', os.path.join(EXAMPLE_DIR, 'dqn_minatar_jax.py'),
+                             *STOPPABLE_RUN],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=tmp_path, env=dict(os.environ, OPENBLAS_NUM_THREADS='1'),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
@@ -159,7 +163,7 @@ def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
         for line in proc.stdout:          # training has started: interrupt it mid-run
             progress += line.startswith('progress:')
             if progress == 50:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(sig)
                 break
         rest = proc.communicate(timeout=120)[0]   # the stop takes ~5 s at load 10 on 2 cores
     finally:
@@ -170,9 +174,24 @@ def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
     with np.load(tmp_path / 'ckpt' / 'learner.npz') as saved:
         frames = int(saved['frames'])
     assert frames >= 300 + 48
-    resumed = example(['--frames', str(frames + 200), *args[5:]], tmp_path)
+    return frames
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LEARNING_TIMEOUT)
+def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
+    frames = stop_mid_run(tmp_path, signal.SIGINT)
+    resumed = example(['--frames', str(frames + 200), *STOPPABLE_RUN[2:]], tmp_path)
     assert f'resuming from ckpt: frame {frames}' in resumed
     assert f'training done: {frames + 200} frames' in resumed
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LEARNING_TIMEOUT)
+def test_kill_stops_the_run_as_ctrl_c_does(tmp_path):
+    # SIGTERM: how a run in the background (whose Ctrl-C the shell ignores) or a batch
+    # scheduler's job is stopped.
+    stop_mid_run(tmp_path, signal.SIGTERM)
 
 
 def test_the_players_numpy_forward_is_the_networks():
