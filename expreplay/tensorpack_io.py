@@ -159,7 +159,8 @@ class ExpReplay(DataFlow, Callback):
         episode_log_dir (str): the Population's, where ``episodes.jsonl`` is written. None
             (default): tensorpack's log directory (``logger.get_logger_dir()``, read when
             training starts), if one is set; False: no episode log.
-        prefetch (int): the ReplayStream's (None: 0 with one player, 4 with several).
+        prefetch (int): the ReplayStream's (None: its default, 4 with several vector players,
+            else 0: :func:`~expreplay.stream.replay_stream.default_prefetch`).
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,

@@ -55,8 +55,8 @@ ratio, e.g. 0.5, is fine).
 
 Prefetch
 ========
-With ``prefetch=depth`` (by default :data:`DEFAULT_PREFETCH` with several players, 0 with one) a thread of the stream's own
-(``ReplayStream-prefetch``) draws the batches and makes the step requests above, keeping up
+With ``prefetch=depth`` (by default :data:`DEFAULT_PREFETCH` with several vector players, else
+0: :func:`default_prefetch`) a thread of the stream's own (``ReplayStream-prefetch``) draws the batches and makes the step requests above, keeping up
 to ``depth`` batches ready: the learner's ``next()`` only takes one, and never waits while
 the memory and the players keep up. What stays exact: the ratio and the staleness bound
 above hold when each batch is *drawn*. What depth changes: a batch may be drawn up to
@@ -109,13 +109,32 @@ if TYPE_CHECKING:
     from ..storage.memory import SampleBatch
     from .ratelimit import SampleToInsertRatio
 
-__all__ = ['ReplayStream', 'DEFAULT_PREFETCH']
+__all__ = ['ReplayStream', 'DEFAULT_PREFETCH', 'default_prefetch']
 
 # Batches the prefetch thread keeps ready by default: enough to absorb the players' and the
 # sampler's jitter for a learner taking 1 ms per batch (benchmarks/bench_e2e.py measures it).
 DEFAULT_PREFETCH = 4
 
 logger = logging.getLogger(__name__)
+
+
+
+def default_prefetch(population: Population) -> int:
+    """The prefetch depth a started population gets by default: :data:`DEFAULT_PREFETCH` when
+    its players step outside the GIL (vector envs: C++ threads, worker processes, remote
+    actors), else 0.
+
+    A single env steps under the GIL (ale-py's ``act`` holds it, and so does an env written in
+    Python), so there the players, not the learner, bound the feed; a prefetch thread only
+    adds a contender for the GIL, and drawing in the learner's ``next()`` gave 1.02-1.12x the
+    updates per second (``benchmarks/bench_e2e.py --compare prefetch=0``). One player is stepped
+    by the drawing thread itself. Vector players leave the GIL free, and drawing ahead overlaps
+    the draw with their steps (1.1x against ``prefetch=0`` there).
+    """
+    if population.num_players == 1 or not any(r.is_vector for r in population.runners):
+        return 0
+    return DEFAULT_PREFETCH
+
 
 Batch = Any   # tensorpack's [comb_state, action, reward, isOver] list, or a SampleBatch
 
@@ -142,9 +161,9 @@ class ReplayStream:
             ``batch_size`` are always collected).
         prefetch (int): batches a thread of the stream's own draws ahead (0: drawn in the
             learner's ``next()``); see "Prefetch" in :mod:`expreplay.stream.replay_stream` for
-            what the depth means for freshness and prioritized replay. None: 0 with one player
-            (the drawing thread steps it: a prefetch thread would only compete with the
-            learner's for the GIL and the cores), :data:`DEFAULT_PREFETCH` with several.
+            what the depth means for freshness and prioritized replay. None: chosen by
+            :meth:`start` (:func:`default_prefetch`): :data:`DEFAULT_PREFETCH` with several
+            vector players, else 0.
         checkpoint_dir (str): where the memory is saved (:meth:`save_memory`, :meth:`close`).
             When a checkpoint is there and ``memory`` is new (nothing written to it), the
             checkpoint is loaded *into* ``memory``, in place (:meth:`MemoryCheckpoint.restore`:
@@ -178,9 +197,9 @@ class ReplayStream:
             raise ValueError(f"init_memory_size ({self.init_memory_size}) and batch_size "
                              f"({sampling.batch_size}) must not exceed the memory's max_size "
                              f"({memory.max_size})")
-        if prefetch is None:
-            prefetch = 0 if population.num_players == 1 else DEFAULT_PREFETCH
-        self.prefetch = check_int(prefetch, 'prefetch', 0, allow_float=True)
+        #: The prefetch depth; the default is chosen by :meth:`start`, once the players exist.
+        self.prefetch: int | None = (None if prefetch is None
+                                     else check_int(prefetch, 'prefetch', 0, allow_float=True))
         self._progress = check_progress(progress)
         self.checkpoint = None if checkpoint_dir is None else MemoryCheckpoint(checkpoint_dir)
         if self.checkpoint is not None:
@@ -250,6 +269,8 @@ class ReplayStream:
             if population.started:
                 return
             population.start(self.memory, default_staleness=self.maximum_staleness)
+            if self.prefetch is None:
+                self.prefetch = default_prefetch(population)
         limiter = self.rate_limiter = sampling.rate_limiter(population.per_request)
         try:
             self.fill_steps = fill_memory(

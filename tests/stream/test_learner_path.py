@@ -8,7 +8,7 @@ import pytest
 
 from expreplay import Population
 from expreplay.stream import replay_stream, watch
-from test_stream import EnvFactory, make_stream, our_threads, prefer
+from test_stream import EnvFactory, _scripted_vector, make_stream, our_threads, prefer
 
 
 def test_an_exploration_schedule_is_read_at_the_steps_stored():
@@ -72,12 +72,24 @@ def test_a_stream_that_only_plays_at_random_warns_once(monkeypatch, exploration,
     np.testing.assert_equal(our_threads(), [])
 
 
-@pytest.mark.parametrize('players, depth', [(1, 0), (2, replay_stream.DEFAULT_PREFETCH)])
-def test_the_default_prefetch_draws_in_next_with_one_player(players, depth):
-    # One player is stepped by the drawing thread itself: a prefetch thread would only compete
-    # with the learner's. With several, simulator threads step them and prefetch overlaps.
-    with make_stream(EnvFactory(), num_parallel_players=players) as stream:
-        assert stream.prefetch == depth
+@pytest.mark.parametrize('players, vector, depth', [(1, False, 0), (1, True, 0), (2, False, 0),
+                                                    (2, True, replay_stream.DEFAULT_PREFETCH)])
+def test_the_default_prefetch_draws_ahead_only_for_vector_players(players, vector, depth):
+    # One player is stepped by the drawing thread itself, and single envs hold the GIL: a
+    # prefetch thread would only compete with the learner's. Vector players step outside it.
+    factory = _scripted_vector(2) if vector else EnvFactory()
+    stream = make_stream(factory, num_parallel_players=players)
+    assert stream.prefetch is None          # chosen by start(), once the players exist
+    with stream:
         next(iter(stream))
+        assert stream.prefetch == depth
         assert (stream.prefetcher is None) == (depth == 0)
+    assert our_threads() == []
+
+
+def test_a_given_prefetch_is_kept_whatever_the_players():
+    with make_stream(EnvFactory(), num_parallel_players=2, prefetch=3) as stream:
+        assert stream.prefetch == 3
+        next(iter(stream))
+        assert stream.prefetcher is not None
     assert our_threads() == []
