@@ -31,7 +31,11 @@ def test_an_exploration_schedule_is_read_at_the_steps_stored():
         stats = stream.stats()
     # The schedule was read with the growing step count, and once it said 0 every action was greedy.
     assert seen == sorted(seen) and seen[-1] >= 150
-    assert stats.greedy_fraction == pytest.approx(1.0)
+    # greedy_fraction is the predictor's rows over the steps stored in the window: a step each
+    # player predicted before reset_stats() and stored after it counts as a step without its row
+    # (seen under load: 77 of 78). Any random action beyond that fails (epsilon 0.1: ~0.9).
+    players = 2
+    assert 1.0 - players / stats.steps <= stats.greedy_fraction <= 1.0
     assert our_threads() == []
 
 
