@@ -56,9 +56,9 @@ ratio, e.g. 0.5, is fine).
 Prefetch
 ========
 With ``prefetch=depth`` (by default :data:`DEFAULT_PREFETCH` with several vector players, else
-0: :func:`default_prefetch`) a thread of the stream's own (``ReplayStream-prefetch``) draws the batches and makes the step requests above, keeping up
-to ``depth`` batches ready: the learner's ``next()`` only takes one, and never waits while
-the memory and the players keep up. What stays exact: the ratio and the staleness bound
+0: :func:`default_prefetch`) a thread of the stream's own (``ReplayStream-prefetch``) draws
+the batches and makes the step requests above, keeping up to ``depth`` batches ready: the
+learner's ``next()`` only takes one, and never waits while the memory and the players keep up. What stays exact: the ratio and the staleness bound
 above hold when each batch is *drawn*. What depth changes: a batch may be drawn up to
 ``depth`` batches before it is handed out, so it holds no transition inserted in the
 meantime (at most ``depth * update_frequency`` newer ones), and the players run up to
@@ -116,7 +116,6 @@ __all__ = ['ReplayStream', 'DEFAULT_PREFETCH', 'default_prefetch']
 DEFAULT_PREFETCH = 4
 
 logger = logging.getLogger(__name__)
-
 
 
 def default_prefetch(population: Population) -> int:
