@@ -60,3 +60,34 @@ def pytest_xdist_make_scheduler(config, log):
             return worker_group(nodeid)
 
     return GroupScheduling(config, log)
+
+
+# The whole suite on one path, for a run that checks every test both ways (the README says how):
+# ``--kernels numpy`` builds everything inside ``numpy_only()`` (tests that choose a path
+# themselves, through ``kernel_paths``, still run both); ``--default-prefetch N`` gives every
+# stream started without a ``prefetch`` argument a prefetch depth of N (0: drawn in the
+# learner's ``next()``) instead of the one ``default_prefetch`` chooses.
+def pytest_addoption(parser):
+    group = parser.getgroup('expreplay')
+    group.addoption('--kernels', choices=('built', 'numpy'), default='built',
+                    help="'numpy': run every test on the numpy path, as without the C kernels")
+    group.addoption('--default-prefetch', type=int, default=None, metavar='N',
+                    help='the prefetch depth of every stream that is not given one')
+
+
+@pytest.fixture(autouse=True)
+def _suite_path(request, monkeypatch):
+    depth = request.config.getoption('--default-prefetch')
+    if depth is not None:
+        if request.node.get_closest_marker('default_prefetch'):
+            pytest.skip('checks the default prefetch rule, which --default-prefetch replaces')
+        from expreplay.stream import replay_stream
+        monkeypatch.setattr(replay_stream, 'default_prefetch', lambda population: depth)
+    if request.config.getoption('--kernels') == 'numpy':
+        import kernel_paths
+        from expreplay import _kernels
+        monkeypatch.setattr(kernel_paths, 'SUITE_ON_NUMPY', True)
+        with _kernels.numpy_only():
+            yield
+    else:
+        yield

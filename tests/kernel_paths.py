@@ -9,12 +9,17 @@ from expreplay import _kernels
 
 PATHS = ['C kernels', 'numpy']
 
+# True while the whole suite runs on the numpy path (``pytest --kernels numpy``, conftest.py).
+SUITE_ON_NUMPY = False
+
 
 @contextlib.contextmanager
 def kernel_path(path, *needed):
     """``path`` ``'numpy'``: everything built inside the block takes the numpy path. Else the C
     kernels: the test is skipped unless each of ``needed`` (names of
     :data:`expreplay._kernels.KERNELS`) is built here."""
+    if SUITE_ON_NUMPY and path != 'numpy':
+        pytest.skip("the suite runs on the numpy path (--kernels numpy)")
     if path == 'numpy':
         with _kernels.numpy_only():
             yield

@@ -136,9 +136,9 @@ def test_the_memory_sampler_resolves_histories_like_the_memory():
     """The memory's C sampler (Ring) gives exactly BlockRing.history_index + gather_frames for the
     states, and _n_step's walk, at episode starts (zero frames) and across block edges (the
     lane's previous block), in both layouts; and it refuses bad slots and buffers."""
-    ext = _kernels.loaded('_gather_ext')
+    ext = _kernels.get('_gather_ext')
     if ext is None:
-        pytest.skip('C extension expreplay.storage._gather_ext not built')
+        pytest.skip('the C sampler is not built here, or the suite runs on numpy')
     from expreplay import ReplayMemory
     rng = np.random.default_rng(0)
     for h in (1, 2, 4, 5):

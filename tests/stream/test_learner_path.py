@@ -76,6 +76,7 @@ def test_a_stream_that_only_plays_at_random_warns_once(monkeypatch, exploration,
     np.testing.assert_equal(our_threads(), [])
 
 
+@pytest.mark.default_prefetch
 @pytest.mark.parametrize('players, vector, depth', [(1, False, 0), (1, True, 0), (2, False, 0),
                                                     (2, True, replay_stream.DEFAULT_PREFETCH)])
 def test_the_default_prefetch_draws_ahead_only_for_vector_players(players, vector, depth):
