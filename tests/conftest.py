@@ -63,8 +63,8 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 # The whole suite on one path, for a run that checks every test both ways (the README says how):
-# ``--kernels numpy`` builds everything inside ``numpy_only()`` (tests that choose a path
-# themselves, through ``kernel_paths``, still run both); ``--default-prefetch N`` gives every
+# ``--kernels numpy`` builds everything inside ``numpy_only()`` (the C-kernel parameters of the
+# tests that run both paths, ``kernel_paths``, are skipped); ``--default-prefetch N`` gives every
 # stream started without a ``prefetch`` argument a prefetch depth of N (0: drawn in the
 # learner's ``next()``) instead of the one ``default_prefetch`` chooses.
 def pytest_addoption(parser):
@@ -84,9 +84,7 @@ def _suite_path(request, monkeypatch):
         from expreplay.stream import replay_stream
         monkeypatch.setattr(replay_stream, 'default_prefetch', lambda population: depth)
     if request.config.getoption('--kernels') == 'numpy':
-        import kernel_paths
         from expreplay import _kernels
-        monkeypatch.setattr(kernel_paths, 'SUITE_ON_NUMPY', True)
         with _kernels.numpy_only():
             yield
     else:

@@ -56,22 +56,22 @@ ratio, e.g. 0.5, is fine).
 Prefetch
 ========
 With ``prefetch=depth`` (by default :data:`DEFAULT_PREFETCH` with several vector players, else
-0: :func:`default_prefetch`) a thread of the stream's own (``ReplayStream-prefetch``) draws
-the batches and makes the step requests above, keeping up to ``depth`` batches ready: the
-learner's ``next()`` only takes one, and never waits while the memory and the players keep up. What stays exact: the ratio and the staleness bound
-above hold when each batch is *drawn*. What depth changes: a batch may be drawn up to
-``depth`` batches before it is handed out, so it holds no transition inserted in the
-meantime (at most ``depth * update_frequency`` newer ones), and the players run up to
-``depth`` batches' requests ahead of the learner. The thread draws only when there is room,
-so a slower learner slows the players with it. With prioritized replay the queued batches
-were drawn, and their importance weights computed, with the priorities of the moment they
-were drawn: priorities fed back with ``update_priorities`` shape the batches drawn after
-the call, i.e. from the ``depth + 1``-th next batch on. If a slot of a queued batch is
+0: :func:`default_prefetch`) a thread of the stream's own (``ReplayStream-prefetch``) draws the
+batches and makes the step requests above, keeping up to ``depth`` batches ready: the learner's
+``next()`` only takes one, and never waits while the memory and the players keep up. What stays
+exact: the ratio and the staleness bound above hold when each batch is *drawn*. What depth
+changes: a batch may be drawn up to ``depth`` batches before it is handed out, so it holds no
+transition inserted in the meantime (at most ``depth * update_frequency`` newer ones), and the
+players run up to ``depth`` batches' requests ahead of the learner. The thread draws only when
+there is room, so a slower learner slows the players with it. With prioritized replay the
+queued batches were drawn, and their importance weights computed, with the priorities of the
+moment they were drawn: priorities fed back with ``update_priorities`` shape the batches drawn
+after the call, i.e. from the ``depth + 1``-th next batch on. If a slot of a queued batch is
 rewritten before its priorities come back, that update is skipped and counted
-(``stats().stale_priority_updates``), never applied to the new transition. ``prefetch=0``
-draws in the learner's ``next()``, as without a prefetcher. A consumer that queues batches
-itself adds its queue to the depth: under tensorpack's ``QueueInput`` (50 batches) the
-learner trains up to ``50 + depth`` batches behind the draws.
+(``stats().stale_priority_updates``), never applied to the new transition. ``prefetch=0`` draws
+in the learner's ``next()``, as without a prefetcher. A consumer that queues batches itself
+adds its queue to the depth: under tensorpack's ``QueueInput`` (50 batches) the learner trains
+up to ``50 + depth`` batches behind the draws.
 
 Ending: :meth:`ReplayStream.close` (from any thread) ends the iteration: a ``next()`` blocked
 waiting for a batch returns, the loop ends (StopIteration), and the prefetch thread is

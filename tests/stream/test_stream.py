@@ -406,7 +406,8 @@ def test_vector_env_players_get_a_thread_each():
     with stream:
         take(iter(stream), 5)
         assert not stream.population.manager.pipelined
-        drawing = ['ReplayStream-prefetch'] if stream.prefetch else []   # the default rule's
+        # with the depth the stream got (the default rule: test_learner_path)
+        drawing = ['ReplayStream-prefetch'] if stream.prefetch else []
         assert sorted(our_threads()) == sorted(['InferenceThread', 'SimulatorThread-0',
                                                 'SimulatorThread-1'] + drawing)
     assert our_threads() == []
