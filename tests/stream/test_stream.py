@@ -283,9 +283,14 @@ def test_memory_argument_and_sample():
     with make_stream(EnvFactory(), memory=memory, init_memory_size=40) as stream:
         stream.start()
         assert stream.memory is memory and len(memory) >= 40
+        # The fill's last requests may still be storing when start() returns: let them finish
+        # before counting, and again after the draw, so that only a request the first
+        # sample() made could change the count.
+        stream.population.wait_idle()
         written = memory.num_steps_written
         assert stream.sample().state.shape == (16, 6, HISTORY)
-        assert memory.num_steps_written == written   # sample() requests no steps
+        stream.population.wait_idle()
+        assert memory.num_steps_written == written   # the first sample() requests no steps
 
 
 def test_predictor_slot_accepts_both_conventions():
