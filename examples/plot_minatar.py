@@ -157,8 +157,12 @@ def plot(runs, path, window):
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     games = sorted(runs)
-    fig, axes = plt.subplots(1, len(games), figsize=(5.5 * len(games), 4), squeeze=False)
-    for ax, game in zip(axes[0], games):
+    cols = min(len(games), 3)                 # rows of three panels: five games stay legible
+    rows = -(-len(games) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[len(games):]:
+        ax.set_visible(False)
+    for ax, game in zip(axes.flat, games):
         variants = runs[game]
         for colour, (variant, curves) in enumerate(sorted(variants.items(), key=lambda v: str(v[0]))):
             several = len(variants) > 1
@@ -172,7 +176,7 @@ def plot(runs, path, window):
             n = len(curves)
             ax.plot(points / 1e3, mean, lw=2.2, color=f'C{colour}',
                     label=f"{variant}: mean of {n} seed{'s' if n > 1 else ''}" if several
-                    else f'mean of {n} seeds')
+                    else f"mean of {n} seed{'s' if n > 1 else ''}")
         reached = max(p[-1] for curves in variants.values() for p, _ in curves.values())
         paper = [(f, s) for f, s in PAPER_DQN.get(game, []) if f <= 1.5 * reached]
         if paper:
