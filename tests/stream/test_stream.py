@@ -284,13 +284,13 @@ def test_memory_argument_and_sample():
         stream.start()
         assert stream.memory is memory and len(memory) >= 40
         # The fill's last requests may still be storing when start() returns: let them finish
-        # before counting, and again after the draw, so that only a request the first
-        # sample() made could change the count.
+        # before counting, and again after the draw, so that only a request sample() made
+        # could change the count.
         stream.population.wait_idle()
         written = memory.num_steps_written
         assert stream.sample().state.shape == (16, 6, HISTORY)
         stream.population.wait_idle()
-        assert memory.num_steps_written == written   # the first sample() requests no steps
+        assert memory.num_steps_written == written   # sample() requests no steps
 
 
 def test_predictor_slot_accepts_both_conventions():
