@@ -280,7 +280,9 @@ def open_checkpoint(path: str) -> Iterator[CheckpointSource]:
         raise CheckpointError(path, "the file is empty (a save that never wrote anything?)")
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+    except MemoryError as err:
+        raise CheckpointError(path, "its zip directory does not fit in RAM (corrupt?)") from err
+    except Exception as err:   # BadZipFile, OSError, EOFError, NotImplementedError (a flipped version), ...
         raise CheckpointError(path, f"not a readable ReplayMemory checkpoint (truncated or "
                                     f"corrupt zip archive: {err})") from err
     with zf:

@@ -405,14 +405,27 @@ def load_into(memory: ReplayMemory, path: str | os.PathLike[str]) -> None:
         max_size=memory.max_size, state_shape=memory.state_shape,
         history_len=memory.history_len, dtype=memory.dtype, block_size=memory.block_size,
         prioritized=memory.prioritized, extra_fields=memory.extra_fields, **priority)
+    # A misuse, not a bad file: a ValueError of its own (the file may be fine), said before the
+    # file is opened, and again if a writer took a block meanwhile.
+    _require_new(memory, path)
+    touched = False
     with _checkpoint.open_checkpoint(path) as source:
         source.check_settings(expected)
         with memory.ring.lock:
-            if not memory.ring.untouched:
-                raise ValueError(f"load_into needs a new memory: this one has "
-                                 f"{memory.num_steps_written} steps written or blocks taken by "
-                                 f"writers, which {path} would overwrite")
-            _fill(memory, source)
+            touched = not memory.ring.untouched
+            if not touched:
+                _fill(memory, source)
+    if touched:
+        _require_new(memory, path)
+
+
+def _require_new(memory: ReplayMemory, path: str) -> None:
+    """Refuse a ``memory`` for :func:`load_into` that is not new (a ``ValueError``)."""
+    if not memory.ring.untouched:
+        raise ValueError(f"load_into needs a new memory: this one has "
+                         f"{memory.num_steps_written} steps written or blocks taken by "
+                         f"writers, which {path} would overwrite (build a new ReplayMemory "
+                         "to load into, or use ReplayMemory.load)")
 
 
 def _fill(mem: ReplayMemory, source: _checkpoint.CheckpointSource) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from typing import Any
 
 from ..storage.memory import ReplayMemory, load_into
@@ -44,21 +43,25 @@ class MemoryCheckpoint:
         return memory
 
     def restore(self, memory: ReplayMemory) -> bool:
-        """Fill ``memory`` in place with the saved one, if there is a checkpoint and ``memory``
-        is new (nothing written to it); True if it did. The checkpoint must have all of
-        ``memory``'s settings (see :func:`~expreplay.storage.memory.load_into`, which refuses
-        another one with a ``CheckpointError`` naming each setting and leaves ``memory``
-        empty). A memory that holds transitions already is left as it is (False): it is the
-        caller's, and the next :meth:`save` writes it over the checkpoint."""
+        """Fill ``memory`` in place with the saved one, if there is a checkpoint; True if it
+        did, False when there is none. The checkpoint must have all of ``memory``'s settings
+        (see :func:`~expreplay.storage.memory.load_into`, which refuses another one with a
+        ``CheckpointError`` naming each setting and leaves ``memory`` empty).
+
+        Raises ValueError, before anything is written, when a checkpoint is there and
+        ``memory`` is not new (something was written to it): saving that memory would replace
+        the saved run without anyone asking. The message names the ways out: a new memory to
+        resume from the checkpoint, another directory to keep it, or deleting the file to
+        replace it."""
         if not self.exists():
             return False
         if not memory.ring.untouched:
-            # Said aloud, not logged: the stream's save at close replaces the user's checkpoint.
-            warnings.warn(f"the replay memory given holds {len(memory)} transitions: the "
-                          f"checkpoint {self.path} is not loaded, and saving this memory will "
-                          "replace it (pass a new memory to resume from it, or another "
-                          "checkpoint_dir to keep it)", RuntimeWarning, stacklevel=4)
-            return False
+            raise ValueError(
+                f"checkpoint_dir {self.directory!r} holds a saved replay memory ({self.path}), "
+                f"and the memory given is not new ({memory.num_steps_written} steps written to "
+                "it): it can not be loaded into, and saving it would replace the saved one. "
+                "Pass a new ReplayMemory to resume from the checkpoint, another checkpoint_dir "
+                "to keep both, or delete the file to replace it")
         load_into(memory, self.path)
         logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
         return True

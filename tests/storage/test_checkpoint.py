@@ -217,6 +217,38 @@ def test_flipped_bits_are_detected_or_harmless(tmp_path):
     assert detected > 0.8 * len(anywhere)
 
 
+def test_flipped_version_fields_of_the_zip_headers_raise_checkpoint_error(tmp_path):
+    """Every bit of the "version" fields of every zip header (central directory and local):
+    zipfile refuses some with NotImplementedError ("zip file version 10.9"), which must reach
+    the caller as CheckpointError like any other damage, or load the same memory."""
+    mem = filled()
+    path = tmp_path / 'mem.npz'
+    mem.save(path)
+    data = bytes(path.read_bytes())
+    fields = []
+    for signature, first in ((b'PK\x01\x02', 4), (b'PK\x03\x04', 4)):
+        at = data.find(signature)
+        while at >= 0:
+            fields += range(at + first, at + first + (4 if signature == b'PK\x01\x02' else 2))
+            at = data.find(signature, at + 4)
+    assert len(fields) > 20
+    bad = tmp_path / 'bad.npz'
+    refused = 0
+    for pos in fields:
+        for bit in range(8):
+            flipped = bytearray(data)
+            flipped[pos] ^= 1 << bit
+            bad.write_bytes(bytes(flipped))
+            try:
+                loaded = ReplayMemory.load(bad)
+            except CheckpointError as err:
+                assert str(bad) in str(err)
+                refused += 1
+            else:
+                assert_same_memory(loaded, mem)
+    assert refused > 0
+
+
 # ------------------------------------------------------------------------------ crafted files
 DROP = object()   # rewrite(meta_key=DROP): remove the key from the metadata
 

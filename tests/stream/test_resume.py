@@ -1,6 +1,8 @@
 """A stream resumed from its checkpoint keeps the memory its caller passed: the checkpoint is
 loaded into that object, in place, or not at all, and a failed load leaves it as it was."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -34,18 +36,29 @@ def test_the_checkpoint_is_loaded_into_the_memory_passed(saved):
         assert len(memory) > transitions       # the players write into the caller's object
 
 
-def test_a_memory_that_holds_transitions_is_kept_and_the_checkpoint_not_loaded(saved):
+def test_a_memory_that_holds_transitions_is_refused_and_the_checkpoint_kept(saved):
+    """Saving a non-new memory at close would replace the saved run: refused up front, the
+    message naming the ways out, the checkpoint byte for byte as it was."""
     directory, transitions = saved
+    path = os.path.join(directory, MemoryCheckpoint.FILENAME)
+    before = open(path, 'rb').read()
     memory = new_memory()
     writer = memory.new_writer()
     writer.start_episode(np.zeros(6, np.uint8))
     for step in range(5):
         writer.add_step(0, 1.0, np.full(6, step, np.uint8))
-    # The stream's save at close will replace the checkpoint: the caller is warned.
-    with pytest.warns(RuntimeWarning, match='is not loaded, and saving this memory will replace'):
-        stream = make_stream(EnvFactory(), memory=memory, checkpoint_dir=directory)
-    with stream:
-        assert stream.memory is memory and len(memory) == 5 != transitions
+    with pytest.raises(ValueError, match='not new') as err:
+        make_stream(EnvFactory(), memory=memory, checkpoint_dir=directory)
+    assert not isinstance(err.value, CheckpointError)
+    for fix in ('new ReplayMemory', 'another checkpoint_dir', 'delete the file'):
+        assert fix in str(err.value)
+    assert len(memory) == 5 and open(path, 'rb').read() == before
+    # A memory holding no transition but a first frame is not new either.
+    memory = new_memory()
+    memory.new_writer().start_episode(np.zeros(6, np.uint8))
+    with pytest.raises(ValueError, match='not new'):
+        make_stream(EnvFactory(), memory=memory, checkpoint_dir=directory)
+    assert open(path, 'rb').read() == before
 
 
 def test_a_checkpoint_of_other_settings_is_refused_naming_them(saved):
@@ -78,5 +91,7 @@ def test_load_into_refuses_a_memory_a_writer_has_taken_a_block_of(saved):
     memory = new_memory()
     memory.new_writer().start_episode(np.zeros(6, np.uint8))
     assert len(memory) == 0
-    with pytest.raises(ValueError, match='needs a new memory'):
+    with pytest.raises(ValueError, match='needs a new memory') as err:
         load_into(memory, directory / MemoryCheckpoint.FILENAME)
+    # A misuse, not a bad file: code that deletes files raising CheckpointError keeps this one.
+    assert not isinstance(err.value, CheckpointError)
