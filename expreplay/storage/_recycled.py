@@ -11,6 +11,13 @@ array's memory holds one to it: a name or a container (the batch tuple, a queue)
 ``base``), a buffer export (a ``memoryview``, ``torch.from_numpy``, a device transfer in
 flight). So a set of arrays whose counts are the pool's own is unreachable from outside, and
 filling it again can not be observed. A set of which one array is still held is left alone.
+
+What a caller gets is a fresh *view* of each pooled array, never the pooled array itself: the
+view is the caller's to change (its ``shape``, ``dtype``, ``strides``, ``flags.writeable``, a
+``weakref`` to it) and dies with the caller's last reference, while the pooled array behind it
+keeps its own shape, dtype and flags for the next batch. Only a raw pointer to the memory (an
+address read from ``__array_interface__`` or ``ctypes``, which CPython does not count) can see
+the next batch's values.
 """
 
 from __future__ import annotations
@@ -52,20 +59,20 @@ class ArrayPool:
 
     def take(self, key: Hashable, make: Callable[[], tuple[np.ndarray, ...]]
              ) -> list[np.ndarray]:
-        """The arrays of a set of kind ``key`` that nothing outside the pool refers to, or of
-        a new one from ``make()``, in a list of the caller's own (whose references keep the
-        set from being handed out again while the caller holds it, or anything built from
-        it); the caller overwrites every element of them."""
+        """Views of the arrays of a set of kind ``key`` that nothing outside the pool refers
+        to, or of a new one from ``make()``, in a list of the caller's own (the views refer to
+        the set, which keeps it from being handed out again while the caller holds one of
+        them, or anything built from it); the caller overwrites every element of them."""
         if key != self._key:        # another batch size or layout: the old sets do not fit
             self._key, self._sets = key, []
         sets = self._sets
         for i, arrays in enumerate(sets):
             if _most_refs(arrays) <= _OWN:
                 sets.append(sets.pop(i))    # the most recently used last: the oldest is dropped
-                return list(arrays)
+                return [a.view() for a in arrays]
         arrays = make()
         self.made += 1
         sets.append(arrays)
         if len(sets) > self.limit:
             del sets[0]
-        return list(arrays)
+        return [a.view() for a in arrays]

@@ -49,6 +49,15 @@ class SampleBatch(_SampleBatchFields):
     ``state`` (empty for a memory without extra fields). It is an attribute, not one of the
     tuple's items, so that the batch still unpacks into its eight fields and feeds a tensorpack
     model's eight inputs as before (``_replace`` keeps it too).
+
+    The arrays are the caller's: keep any of them (by name, in a container, as a view, a
+    ``memoryview``, ``torch.from_numpy`` or a device transfer in flight) and it is never
+    written again. Once nothing refers to a batch's arrays, the memory may fill their buffers
+    with a later batch; each batch is handed out as fresh array objects over those buffers, so
+    whatever was done to a dropped array (its shape, dtype or flags changed, a ``weakref`` to
+    it) does not reach a later batch. Only a raw address (``__array_interface__``, ``ctypes``),
+    which holds no reference, can see a later batch's values: copy what you keep that way.
+    (The same holds for :meth:`ReplayMemory.sample_batch`'s list.)
     """
 
     extras: Mapping[str, np.ndarray] = types.MappingProxyType({})   # an instance's own dict shadows it
