@@ -128,7 +128,8 @@ class EnvRunnerManager:
                             f"(e.g. a contextlib.contextmanager function), got {thread_context!r}")
         self._thread_context = thread_context or contextlib.nullcontext
         self.stuck_threads: list[str] = []
-        self._close_done = threading.Event()
+        self._close_lock = threading.Lock()     # one close() at a time
+        self._close_finished = False            # the threads joined and the groups closed
 
         self._window = StalenessWindow(self.maximum_staleness, self._check_usable, self._watch)
         self._faults = Faults(self.max_restarts, self._window.halt)
@@ -272,14 +273,18 @@ class EnvRunnerManager:
     def close(self, timeout: float | None = None) -> None:
         """Stop and join every thread, close the runners; raise a fault no step() raised.
 
-        Idempotent; a second call while the first runs waits for it. See the class docstring
-        for threads stuck in an env or the predictor.
+        Idempotent; a second call while the first runs waits for it (``timeout`` at most). A
+        call cut short (a KeyboardInterrupt while it joins) leaves the joining to the next
+        call, which does it. See the class docstring for threads stuck in an env or the
+        predictor.
         """
         timeout = self.close_timeout if timeout is None else check_timeout(timeout, 'timeout')
-        if not self._window.close():
-            self._close_done.wait(None if math.isinf(timeout) else timeout)
+        first = self._window.close()
+        if not self._close_lock.acquire(timeout=-1 if math.isinf(timeout) else timeout):
             return
         try:
+            if self._close_finished:
+                return
             self._join(timeout)
             if self._inline is not None:
                 close_group(self._inline)
@@ -287,9 +292,10 @@ class EnvRunnerManager:
                 if not sim.thread.is_alive():
                     for g in sim.groups:
                         close_group(g)
+            self._close_finished = True
         finally:
-            self._close_done.set()
-        if self._faults.unreported:
+            self._close_lock.release()
+        if first and self._faults.unreported:
             self._faults.raise_fault()
 
     def _join(self, timeout: float) -> None:

@@ -34,6 +34,7 @@ from .exploration import Exploration, ExplorationArg
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
 from .manager import EnvRunnerManager
+from ..interrupts import uninterrupted
 
 if TYPE_CHECKING:
     from ..storage.memory import ReplayMemory
@@ -241,6 +242,7 @@ class Population:
             _close_quietly(player)
             raise
 
+    @uninterrupted      # a Ctrl-C half-way would leave threads started that close() can't see
     def start(self, memory: ReplayMemory, *, default_staleness: int = 1) -> None:
         """Build the runners on ``memory`` and their manager (``maximum_staleness``:
         ``default_staleness`` when it was left None). Steps nothing."""
@@ -356,10 +358,9 @@ class Population:
     # ------------------------------------------------------------------ stopping
     def close(self) -> None:
         """Stop and join every simulator thread and close the players, then the episode log;
-        idempotent. A runner fault not raised yet is raised here."""
+        idempotent (a call cut short by a KeyboardInterrupt is finished by the next one). A
+        runner fault not raised yet is raised here."""
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
             manager, first = self.manager, self._first_player
             self._first_player = None
@@ -367,7 +368,7 @@ class Population:
             _close_quietly(first)
         try:
             if manager is not None:
-                manager.close()
+                manager.close()               # idempotent, and finishes one cut short
         finally:
             if self.episode_log is not None:
                 self.episode_log.close()      # after the threads: their last records are in it

@@ -94,6 +94,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 import numpy as np
 
 from .._checks import check_int
+from ..interrupts import protect_memory, uninterrupted
 from ..stats import StreamStats
 from ..storage.memory import ReplayMemory
 from .checkpoint import MemoryCheckpoint
@@ -216,6 +217,9 @@ class ReplayStream:
         self._pacer: Pacer | None = None              # the requests per batch, built by start()
         self._prefetcher: Prefetcher | None = None    # started by the first batches()
         self._lock = threading.Lock()     # guards start/close against each other
+        self._close_lock = threading.Lock()   # one close() at a time, to its end
+        self._close_finished = False
+        self._close_error: BaseException | None = None
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
         self._closed = False
         self._random_play = RandomPlayWatch(population)
@@ -262,6 +266,7 @@ class ReplayStream:
         stream is closed).
         """
         population, sampling = self.population, self.sampling
+        protect_memory()     # a signal handler installed since the memory was built
         with self._lock:
             if self._closed:
                 raise RuntimeError("the ReplayStream is closed")
@@ -310,13 +315,30 @@ class ReplayStream:
         """Stop and join the prefetch thread and every simulator thread, then save the memory
         if a checkpoint is set.
 
-        Idempotent; any thread may call it: an iteration in another thread ends (see
-        "Prefetch" in the module docstring). A runner or prefetch fault that no ``next()``
-        raised yet is raised here, after the threads are stopped and the memory is saved.
+        Idempotent and finishing: once a call has completed, later ones return at once. A
+        Ctrl-C or SIGTERM handler in the main thread waits until the call is done (see
+        :mod:`expreplay.interrupts`: at most the population's ``close_timeout`` for a player
+        stuck in an env call, plus the save), so a second signal can not skip the save; a
+        call cut short all the same (another exception) leaves the work to the next call,
+        which does it all again (stopping what is stopped is free) and saves. Any thread may
+        call it: an iteration in another thread ends (see "Prefetch" in the module
+        docstring); a second caller waits for the first. A runner or prefetch fault that no
+        ``next()`` raised yet is raised here, after the threads are stopped and the memory is
+        saved.
         """
+        with self._close_lock:
+            if not self._close_finished:
+                self._close(save)
+                self._close_finished = True
+                error, self._close_error = self._close_error, None
+                if error is not None:
+                    raise error
+
+    @uninterrupted     # a second Ctrl-C waits: the threads are joined and the memory saved
+    def _close(self, save: bool) -> None:
+        """:meth:`close`'s work; each part may run again after an interrupted call."""
+        protect_memory()      # a handler installed since the start: its signal waits for the save
         with self._lock:
-            if self._closed:
-                return
             self._closed = True
             prefetcher = self._prefetcher
         self._ready.set()   # wakes anyone in wait_ready(), who then sees `closed`
@@ -343,8 +365,7 @@ class ReplayStream:
                 error = prefetcher.unraised_error()
         if save and self.checkpoint is not None:
             self.checkpoint.save(self.memory)
-        if error is not None:
-            raise error
+        self._close_error = error
 
     def __enter__(self) -> ReplayStream:
         return self
@@ -353,9 +374,10 @@ class ReplayStream:
         self.close()
 
     def __del__(self) -> None:
-        # Threads must not outlive a forgotten stream; never raise from a finalizer.
+        # Threads must not outlive a forgotten stream; never raise from a finalizer. (No
+        # thread of the stream's refers to it: the prefetch thread holds only its parts.)
         try:
-            if not self._closed:
+            if not self._close_finished:
                 self.close(save=False)
         except Exception:
             pass
@@ -381,21 +403,29 @@ class ReplayStream:
             if self._pacer is None:
                 raise RuntimeError("the ReplayStream is not started: call start()")
             if not self.prefetch:
-                return _drawn_here(self._draw, lambda: self._closed)
+                return _drawn_here(self._drawer(), lambda: self._closed)
             if self._prefetcher is None:
                 # With one player the env steps and the predictor run in the drawing thread:
                 # it enters the manager's thread_context, as the manager's threads do.
-                self._prefetcher = Prefetcher(self._draw, self.prefetch,
+                self._prefetcher = Prefetcher(self._drawer(), self.prefetch,
                                               name='ReplayStream-prefetch',
                                               thread_context=self.population.thread_context)
             return _handed_out(self._prefetcher)
 
-    def _draw(self) -> Batch:
-        """The requests due before the next batch (see the module docstring), then the batch."""
-        assert self._pacer is not None
-        self._pacer.before_draw()
-        self._random_play.after_draw()
-        return self.sample()
+
+    def _drawer(self) -> Callable[[], Batch]:
+        """The batches' maker: the requests due before the next batch (see the module
+        docstring), then the batch. A function of the stream's parts, not of the stream: the
+        prefetch thread calls it, and must not keep a dropped stream alive (its finalizer
+        stops the threads, from the thread that dropped it)."""
+        pacer, watch, sampling, memory = self._pacer, self._random_play, self.sampling, self.memory
+        assert pacer is not None
+
+        def draw() -> Batch:
+            pacer.before_draw()
+            watch.after_draw()
+            return sampling.draw(memory)
+        return draw
 
     def sample(self) -> list[np.ndarray] | SampleBatch:
         """One batch, without requesting new environment steps (thread-safe)."""

@@ -1,0 +1,227 @@
+"""Streams stopped by real signals at random instants; run by test_interrupts.py in a child
+process (signals are handled in a process's main thread, which pytest's workers may not own).
+
+    python interrupted_runs.py RUNS SEED DIR [--double]
+    python interrupted_runs.py --writes RUNS SEED DIR
+
+Each run builds a memory (uniform or prioritized, alternately) and a stream of one player
+(stepped inline by this thread: the case where the signal lands in the memory's writes) or of
+two players (simulator threads), with a checkpoint directory; a timer thread sends SIGINT or
+SIGTERM (whose handler raises KeyboardInterrupt, as the examples install it) to the process at
+a random instant of the fill or of the training loop (which feeds priorities back); with
+``--double`` a second signal follows 0-5 ms later, usually inside the stop's close and save.
+After the KeyboardInterrupt the script calls ``close()`` again, as a user would, waits until
+every signal sent has raised its KeyboardInterrupt, and then checks: the checkpoint saved at
+the stop loads (the load checks every invariant of the tables), it holds what the memory
+holds, and no thread of the stream is left. One line of JSON per run: where the signal landed and what was found.
+
+``--writes``: the memory's own calls in a tight loop of this thread (a writer's steps and
+episode starts, prioritized draws, priority updates), a SIGINT at a random instant of each run,
+the loop going on with the same writer after it (a notebook's next cell); after every run the
+memory is saved and loaded (the load checks the invariants). Here nearly every instant is
+inside the memory's code, where an unprotected interrupt breaks the tables.
+"""
+
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling   # noqa: E402
+from expreplay.interrupts import RETRY_THREAD   # noqa: E402
+from expreplay.stream import MemoryCheckpoint   # noqa: E402
+from scripted_env import ScriptedEnv   # noqa: E402
+
+STREAM_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch')
+
+
+HANDLED = []     # the signals whose handler ran (two sent at once may arrive as one)
+RAISING = [False]  # True from a run's first signal to the end of its stop
+
+
+def stop_as_ctrl_c(signum, frame):
+    """The handler of both signals (SIGTERM as the examples install it)."""
+    if RAISING[0]:
+        HANDLED.append(signum)
+        raise KeyboardInterrupt
+
+
+def q_values(states):
+    return np.tile(np.arange(3, dtype=np.float32), (len(states), 1))
+
+
+def build(run, directory):
+    players = 1 if run % 4 < 2 else 2
+    prioritized = run % 2 == 1
+    memory = ReplayMemory(3000, (6,), 4, prioritized=prioritized, block_size=64)
+    population = Population(lambda: ScriptedEnv(0, episode_lengths=(37, 5, 90)), players,
+                            q_values, exploration=0.5, seed=run)
+    sampling = Sampling(16, update_frequency=2, n_step=3 if prioritized else 1,
+                        beta=0.4 if prioritized else None, seed=run)
+    return ReplayStream(memory, population, sampling, init_memory_size=800, progress=False,
+                        checkpoint_dir=directory)
+
+
+def train(stream, batches):
+    for k, batch in enumerate(stream):
+        if stream.memory.prioritized:
+            stream.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
+        if k >= batches:
+            break
+
+
+def one_run(run, directory, delay, double, rng):
+    stream = build(run, directory)
+    signum = signal.SIGINT if rng.random() < 0.5 else signal.SIGTERM
+    pid, sent = os.getpid(), 2 if double else 1
+
+    def send():
+        RAISING[0] = True
+        os.kill(pid, signum)
+        if double:
+            time.sleep(rng.uniform(0, 0.005))     # the second signal 0-5 ms after the first
+            os.kill(pid, signum)
+
+    timer = threading.Timer(delay, send)
+    state = dict(stage='stream', phase='done', caught=0)
+
+    def proceed():
+        # Each stage is marked done before it starts, so that an interrupt inside it moves on:
+        # the stream's `with` closes it on the way out, and the stage after calls close() again.
+        if state['stage'] == 'stream':
+            state['stage'] = 'close'
+            with stream:
+                try:
+                    train(stream, 300)
+                finally:
+                    state['phase'] = 'training' if stream.wait_ready(0) else 'fill'
+        if state['stage'] == 'close':
+            stream.close()      # a user's second close(), after a stop that raised
+            state['stage'] = 'wait'
+        timer.join()
+        # A signal deferred by the memory's code is asked again by a one-shot thread; once
+        # none is left, the next call runs any handler still due, here, inside the try.
+        waiting = threading.Event()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(
+                t.name == RETRY_THREAD for t in threading.enumerate()):
+            waiting.wait(0.001)
+        waiting.wait(0)
+        RAISING[0] = False    # the checks below run undisturbed
+
+    timer.start()
+    for _ in range(2 * sent + 2):
+        try:
+            proceed()
+            break
+        except KeyboardInterrupt:
+            state['caught'] += 1
+    problems = []
+    handled = len(HANDLED)
+    HANDLED.clear()
+    if not handled:
+        problems.append(f"{sent} signals sent, their handler never ran")
+    path = os.path.join(directory, MemoryCheckpoint.FILENAME)
+    loaded = None
+    try:
+        loaded = len(ReplayMemory.load(path))
+        if loaded != len(stream.memory):
+            problems.append(f"the checkpoint holds {loaded} transitions, the memory "
+                            f"{len(stream.memory)}")
+    except Exception as err:
+        problems.append(f"{type(err).__name__}: {err}")
+    alive = [t.name for t in threading.enumerate() if t.name.startswith(STREAM_THREADS)]
+    return dict(run=run, phase=state['phase'], signal=int(signum), handled=handled,
+                players=stream.population.num_players, prioritized=stream.memory.prioritized,
+                problems=problems, loaded=loaded, in_memory=len(stream.memory), alive=alive)
+
+
+def write_until_interrupted(memory, writer, rng, step):
+    """Steps, episode ends and prioritized draws with priority updates, until a signal."""
+    frame = np.zeros(6, np.uint8)
+    while True:
+        step += 1
+        frame[0] = step % 251
+        if not writer.in_episode:   # the last run stopped between an episode's end and start
+            writer.start_episode(frame)
+        end = rng.random() < 0.02
+        writer.add_step(step % 3, 1.0, frame, terminated=end)
+        if end:
+            writer.start_episode(frame)
+        if step % 8 == 0 and len(memory) >= 32:
+            batch = memory.sample(32, n_step=3, beta=0.4)
+            memory.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
+
+
+def writes(runs, seed, root):
+    memory = ReplayMemory(3000, (6,), 4, prioritized=True, block_size=64)
+    writer = memory.new_writer()
+    writer.start_episode(np.zeros(6, np.uint8))
+    rng, pid, step = random.Random(seed), os.getpid(), 0
+
+    def send():
+        RAISING[0] = True
+        os.kill(pid, signal.SIGINT)
+
+    for run in range(runs):
+        timer = threading.Timer(rng.uniform(0, 0.003), send)
+        try:
+            timer.start()
+            write_until_interrupted(memory, writer, rng, step)
+        except KeyboardInterrupt:
+            pass
+        RAISING[0] = False
+        timer.join()
+        step = memory.num_steps_written
+        problems = []
+        path = os.path.join(root, 'memory.npz')
+        try:
+            memory.save(path)
+            loaded = len(ReplayMemory.load(path))
+            if loaded != len(memory):
+                problems.append(f"the checkpoint holds {loaded}, the memory {len(memory)}")
+        except Exception as err:
+            problems.append(f"{type(err).__name__}: {err}")
+        print(json.dumps(dict(run=run, phase='writes', handled=len(HANDLED),
+                              problems=problems, alive=[])), flush=True)
+        HANDLED.clear()
+        if problems:     # the writer's memory is broken: the next runs would only repeat it
+            return
+
+
+def main():
+    if sys.argv[1] == '--writes':
+        signal.signal(signal.SIGINT, stop_as_ctrl_c)
+        return writes(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    runs, seed, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    double = '--double' in sys.argv
+    signal.signal(signal.SIGINT, stop_as_ctrl_c)
+    signal.signal(signal.SIGTERM, stop_as_ctrl_c)
+    rng = random.Random(seed)
+    # How long an uninterrupted run's fill and training take here, per kind of run.
+    timing = {}
+    for kind in range(4):
+        stream = build(kind, os.path.join(root, f'timing{kind}'))
+        start = time.perf_counter()
+        stream.start()
+        filled = time.perf_counter()
+        train(stream, 300)
+        timing[kind] = (filled - start, time.perf_counter() - filled)
+        stream.close()
+    for run in range(runs):
+        fill, training = timing[run % 4]
+        # Half the signals in the fill, half in the training loop.
+        delay = rng.uniform(0, fill) if run % 8 < 4 else 1.3 * fill + rng.uniform(0, training)
+        result = one_run(run, os.path.join(root, f"run{run}"), delay, double, rng)
+        print(json.dumps(result), flush=True)
+
+
+if __name__ == '__main__':
+    main()
