@@ -29,7 +29,9 @@ average: the summed round trips over the wall time).
 The Ray instance is local (``ray.init(num_cpus=4)``: logical CPUs, so that both Ray
 configurations' actors can exist at once; the machine's cores are what they are) and started and
 stopped here; the actors import this directory's ``bench_population`` and this checkout's
-``expreplay``.
+``expreplay``. It stays on the loopback: its node's IP is 127.0.0.1 and its processes listen on
+127.0.0.1 only (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, set here before Ray is imported; see
+docs/ray.md), and the benchmark stops if Ray's node is on another address.
 
 Usage: python benchmarks/bench_ray.py [--repeats 5] [--seconds 3] [--warmup 1] [--quick]
 """
@@ -44,6 +46,13 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT, HERE]
+
+# Ray on the loopback, never the machine's network interface: Ray (on Linux) takes the interface's
+# address as the node's IP, turns a 127.0.0.1 given to ray.init into it, and listens on all
+# interfaces; with this switch (its default on macOS and Windows) it takes and keeps 127.0.0.1 and
+# listens there only. Ray reads it when it is imported.
+LOOPBACK = '127.0.0.1'
+os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] = '0'
 
 from bench_population import HISTORY, FRAME, load1, make_cnn, med  # noqa: E402
 from bench_population import make_pong as make_pong_env  # noqa: E402
@@ -157,9 +166,13 @@ def main():
     print(f"bench_ray: Pong {FRAME[0]}x{FRAME[1]} grayscale, frameskip 4, history {HISTORY}, Nature CNN "
           f"on the learner (TF default threading); exploration {args.exploration:g}, "
           f"staleness {args.staleness}; {os.cpu_count()} cores; load {load1():.2f}", flush=True)
-    ray.init(address='local', num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address='local', num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _node_ip_address=LOOPBACK)
     singles, envs = [], []
     try:
+        nodes = [n['NodeManagerAddress'] for n in ray.nodes()]
+        if nodes != [LOOPBACK]:
+            raise SystemExit(f"bench_ray: Ray's node is on {nodes}, not the loopback {LOOPBACK}")
         singles = [make_pong_env(args.sticky) for _ in range(8)]
         predictor = make_cnn(singles[0].action_space.n)
         memory = ReplayMemory(args.memory_size, FRAME, HISTORY)

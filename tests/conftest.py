@@ -16,6 +16,17 @@ os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 # makes the tests' times depend on their own work only. It must be set before numpy loads.
 os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 
+# Every Ray the tests start (test_ray's local Ray and two-node cluster, the docs' Ray block, run
+# in a subprocess that inherits this environment) stays on the loopback, 127.0.0.1. On Linux Ray
+# takes the network interface's address as the node's IP, and ray.init() replaces a loopback
+# _node_ip_address or cluster address by it; its GCS, raylets, workers and autoscaler monitor
+# then listen on all interfaces. With RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (Ray's switch for
+# multi-node clusters; 0 is its default on macOS and Windows) Ray takes 127.0.0.1 as the node's
+# IP, keeps 127.0.0.1 where it is given, and its servers listen on 127.0.0.1 only. Ray reads it
+# when it is imported: it is set here, before any test module can import ray (test_ray checks
+# the nodes' addresses and the listening sockets).
+os.environ['RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER'] = '0'
+
 import sys
 
 # Test modules sit in sub-directories that mirror the package. The helpers they share sit

@@ -10,8 +10,10 @@ with :func:`scripted_env.check_batch`.
 """
 
 import functools
+import ipaddress
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -44,6 +46,62 @@ ROOT = os.path.dirname(TESTS)
 
 
 # ------------------------------------------------------------------------------ Ray itself
+# Every Ray started here stays on the loopback: its nodes' IP is 127.0.0.1 and its processes
+# listen on 127.0.0.1 only, never on the machine's network interface. conftest sets
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 before Ray is imported, which is what makes Ray (2.60) keep
+# 127.0.0.1: without it ray.init() turns _node_ip_address='127.0.0.1' and a 127.0.0.1 cluster
+# address into the interface's address (a Cluster whose nodes were given 127.0.0.1 then hangs:
+# the driver dials its GCS on the interface, where it does not listen).
+LOOPBACK = '127.0.0.1'
+
+
+def _require_loopback():
+    """Refuse to start Ray unless it will take the loopback as the node's IP."""
+    assert not ray.is_initialized()
+    ip = ray.util.get_node_ip_address()      # before ray.init: the IP a new node would take
+    if ip != LOOPBACK:
+        pytest.fail(f"Ray would start on {ip}, not {LOOPBACK}: is RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 "
+                    f"set (tests/conftest.py) before ray is imported?")
+
+
+def _is_loopback(ip):
+    addr = ipaddress.ip_address(ip.split('%')[0])
+    return addr.is_loopback or (addr.version == 6 and addr.ipv4_mapped is not None
+                                and addr.ipv4_mapped.is_loopback)
+
+
+def _ray_sockets():
+    """(process name, pid, address, port) of every listening TCP socket and bound UDP socket of
+    this process (the driver) and its descendants (Ray's GCS, raylets, workers, agents)."""
+    out = []
+    me = psutil.Process()
+    for proc in [me] + me.children(recursive=True):
+        try:
+            name = proc.name()
+            conns = proc.net_connections(kind='inet')
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        for c in conns:
+            if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM and c.laddr):
+                out.append((name, proc.pid, c.laddr.ip, c.laddr.port))
+    return out
+
+
+def assert_ray_on_loopback(num_nodes):
+    """Ray's nodes, its GCS and every socket its processes listen on are on the loopback."""
+    nodes = [n for n in ray.nodes() if n['Alive']]
+    assert len(nodes) == num_nodes, nodes
+    assert [n['NodeManagerAddress'] for n in nodes] == [LOOPBACK] * num_nodes, nodes
+    assert ray.util.get_node_ip_address() == LOOPBACK
+    gcs_host = ray.get_runtime_context().gcs_address.rsplit(':', 1)[0]
+    assert gcs_host == LOOPBACK, ray.get_runtime_context().gcs_address
+    sockets = _ray_sockets()
+    names = {name for name, _, _, _ in sockets}
+    assert {'gcs_server', 'raylet'} <= names, sockets          # the check sees Ray's servers
+    outside = [s for s in sockets if not _is_loopback(s[2])]
+    assert not outside, f"Ray listens off the loopback: {outside}"
+
+
 @pytest.fixture(scope='module', autouse=True)
 def worker_path():
     """Actor processes import this module, scripted_env and this checkout's expreplay."""
@@ -67,7 +125,9 @@ def local_ray(worker_path):
         if ray.is_initialized():
             ray.shutdown()
         # address='local': a new instance of our own, never a cluster another process started here.
-        ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False)
+        _require_loopback()
+        ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 _node_ip_address=LOOPBACK)
         _mode['kind'] = 'local'
     yield
     # Nothing of a test may outlive it: no placement group left (actors are checked per test).
@@ -305,6 +365,17 @@ def actor_pids_gone(pids):
 
 
 # ------------------------------------------------------------------------------ tests
+def test_ray_stays_on_the_loopback(local_ray):
+    """The local Ray of these tests never uses the machine's network interface: its node, its
+    GCS, the node IP its tasks see, and every socket its processes listen on are on 127.0.0.1."""
+    @ray.remote(num_cpus=0)
+    def node_ip():
+        return ray.util.get_node_ip_address()
+
+    assert ray.get(node_ip.remote(), timeout=60) == LOOPBACK
+    assert_ray_on_loopback(1)
+
+
 @pytest.mark.parametrize('vector', [False, True], ids=['envs', 'vector-env'])
 def test_sync_api_every_step_checked(local_ray, tmp_path, vector):
     # The vector-env variant's envs report lives (batched by gymnasium with an '_lives' mask).
@@ -639,11 +710,15 @@ def two_nodes(worker_path):
     if ray.is_initialized():
         ray.shutdown()
     _mode['kind'] = 'cluster'
-    cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 2, 'include_dashboard': False})
-    worker = cluster.add_node(num_cpus=2)
+    _require_loopback()
+    cluster = Cluster(initialize_head=True, head_node_args={'num_cpus': 2, 'include_dashboard': False,
+                                                            'node_ip_address': LOOPBACK})
     try:
+        worker = cluster.add_node(num_cpus=2, node_ip_address=LOOPBACK)
+        assert cluster.address.rsplit(':', 1)[0] == LOOPBACK, cluster.address
         ray.init(address=cluster.address, log_to_driver=False)
         cluster.wait_for_nodes()
+        assert_ray_on_loopback(2)
         yield cluster, worker
     finally:
         ray.shutdown()
