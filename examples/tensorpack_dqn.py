@@ -34,6 +34,7 @@ from tensorpack import (Callback, ObjAttrParam, PeriodicTrigger, RunOp,  # noqa:
                         ScheduledHyperParamSetter, logger)
 
 import expreplay  # noqa: E402
+from expreplay.interrupts import stop_on_signals  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- the replay
@@ -173,17 +174,21 @@ class ProgressLog(Callback):
 
 # ---------------------------------------------------------------------------- the run
 def train_until_interrupted(train, *args, **kwargs):
-    """``train(*args, **kwargs)``, stopped cleanly by Ctrl-C; returns ``(result, interrupted)``.
+    """``train(*args, **kwargs)``, stopped cleanly by Ctrl-C or SIGTERM (a ``kill`` of a run
+    in the background, a scheduler ending the job); returns ``(result, interrupted)``.
 
-    On Ctrl-C tensorpack's trainer still runs every callback's ``after_train``: ExpReplay
-    stops and joins its simulator threads, closes the environments and saves the memory when
-    it has a checkpoint directory. The interrupt is then caught here, so the user sees one
-    line instead of a traceback; the trainer, its callbacks and the emulators they hold are
-    collected before the interpreter exits (else ale-py reports them as leaked), also after a
-    training that ended normally: they form reference cycles that hold the emulators.
+    On the first signal tensorpack's trainer still runs every callback's ``after_train``:
+    ExpReplay stops and joins its simulator threads, closes the environments and saves the
+    memory when it has a checkpoint directory, and the model is saved; a second signal only
+    prints a line, so those saves finish (:func:`expreplay.interrupts.stop_on_signals`). The
+    interrupt is then caught here, so the user sees one line instead of a traceback; the
+    trainer, its callbacks and the emulators they hold are collected before the interpreter
+    exits (else ale-py reports them as leaked), also after a training that ended normally:
+    they form reference cycles that hold the emulators.
     """
     try:
-        result = train(*args, **kwargs)
+        with stop_on_signals():
+            result = train(*args, **kwargs)
         gc.collect()
         return result, False
     except KeyboardInterrupt:

@@ -72,9 +72,10 @@ def test_atari_train_eval_play_smoke(tmp_path):
     assert video.stat().st_size > 1000, out
 
 
-def interrupt_example(tmp_path, script, args, marker, times=1):
+def interrupt_example(tmp_path, script, args, marker, times=1, signals=(signal.SIGINT,)):
     """Run an example as a user does, press Ctrl-C (SIGINT) once ``marker`` was printed
-    ``times`` times; returns (exit code, stdout, stderr)."""
+    ``times`` times (or send ``signals``, one after the other as fast as a repeated ``kill``
+    sends them); returns (exit code, stdout, stderr)."""
     env = dict(os.environ, TF_USE_LEGACY_KERAS='1', PYTHONUNBUFFERED='1',
                PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
     env.pop('TF_CPP_MIN_LOG_LEVEL', None)          # as a user runs it: the example quiets TF
@@ -92,7 +93,8 @@ def interrupt_example(tmp_path, script, args, marker, times=1):
                 if sum(marker in seen for seen in out) == times:
                     break
             assert proc.poll() is None, ''.join(out)
-            proc.send_signal(signal.SIGINT)
+            for signum in signals:
+                proc.send_signal(signum)
             rest, _ = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
@@ -127,6 +129,22 @@ def test_atari_ctrl_c_ends_training_with_one_line_and_the_envs_closed(tmp_path):
     assert 'continue with --resume' in line
     files = os.listdir(logdir)
     assert 'replay_memory.npz' in files and not [f for f in files if '.tmp-' in f], files
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_atari_two_sigterms_stop_it_as_ctrl_c_and_the_saves_finish(tmp_path):
+    """``kill`` twice (a scheduler's SIGTERM, then an impatient second one): the first stops
+    the run as Ctrl-C does, the second only says it waits; the model and the replay memory are
+    saved, and the memory loads."""
+    from expreplay import ReplayMemory
+    logdir = tmp_path / 'pong'
+    line = assert_stopped_cleanly(*interrupt_example(
+        tmp_path, 'dqn_atari.py', [*ATARI_SMOKE, '--logdir', logdir, '--max-epoch', 1000,
+                                   '--eval-every', 0], 'Start Epoch 2',
+        signals=(signal.SIGTERM, signal.SIGTERM)))
+    assert f'saved in {logdir}: the model checkpoint and the replay memory' in line, line
+    assert len(ReplayMemory.load(logdir / 'replay_memory.npz')) > 0
 
 
 # Slow as the Atari runs below: most of it is the example's TensorFlow import and graph.
