@@ -218,7 +218,7 @@ def main():
     for run in range(runs):
         fill, training = timing[run % 4]
         # Half the signals in the fill, half in the training loop.
-        delay = rng.uniform(0, fill) if run % 8 < 4 else 1.3 * fill + rng.uniform(0, training)
+        delay = rng.uniform(0, 0.8 * fill) if run % 8 < 4 else 1.3 * fill + rng.uniform(0, training)
         result = one_run(run, os.path.join(root, f"run{run}"), delay, double, rng)
         print(json.dumps(result), flush=True)
 

@@ -55,7 +55,7 @@ def test_streams_stopped_at_random_instants_save_checkpoints_that_load(tmp_path,
     random instants of the fill and of the training (at least 100 of each with one signal),
     or by two signals 0-5 ms apart: every checkpoint saved at the stop loads and holds what
     the memory holds, and no thread of the stream is left."""
-    runs = 280 if not double else 120
+    runs = 300 if not double else 120
     rows = run_child(tmp_path, str(runs), '7' if double else '3', str(tmp_path),
                      *(['--double'] if double else []), timeout=1400)
     assert len(rows) == runs
