@@ -16,8 +16,11 @@ EXTRA_MODULES = {
     'ray': ('ray', 'gymnasium'),
     'envpool': ('envpool',),
     'minatar': ('minatar', 'gymnasium'),
-    'test': ('pytest', 'pytest_timeout', 'tqdm', 'matplotlib', 'mypy'),
+    'jax': ('jax', 'flax', 'optax'),
+    'test': ('pytest', 'pytest_timeout', 'xdist', 'tqdm', 'matplotlib', 'mypy'),
 }
+# 'all' is every extra above (pyproject.toml: expreplay[atari,tensorpack,...,test]).
+EXTRA_MODULES['all'] = tuple(dict.fromkeys(m for mods in EXTRA_MODULES.values() for m in mods))
 
 
 def _findable(module: str) -> bool:
@@ -43,3 +46,19 @@ def extra_import_error(feature: str, extra: str, err: BaseException) -> ImportEr
     one of its modules is missing or broken."""
     return ImportError(f"{feature} needs the {extra} extra ({err}): "
                        f"pip install 'expreplay[{extra}]'")
+
+
+def require_extra(feature: str, extra: str) -> None:
+    """Raise the ImportError naming ``extra`` (and its modules that are missing) unless every
+    module of it can be imported; nothing is imported.
+
+    For a script that imports an extra's packages itself (the JAX examples import ``flax.linen``):
+    called before those imports, a missing package is named with the extra that installs it,
+    not as a bare ``ModuleNotFoundError: No module named 'flax.linen'``::
+
+        require_extra('examples/dqn_minatar_jax.py', 'jax')
+    """
+    missing = missing_modules(extra)
+    if missing:
+        raise ImportError(f"{feature} needs the {extra} extra (missing: {', '.join(missing)}): "
+                          f"pip install 'expreplay[{extra}]'", name=missing[0])

@@ -106,7 +106,8 @@ class ExpReplay(DataFlow, Callback):
     :class:`~expreplay.acting.population.Population` and the
     :class:`~expreplay.stream.sampling.Sampling` of a :class:`~expreplay.stream.ReplayStream`
     from them (:attr:`stream`). As a **DataFlow** it yields ``[comb_state, action, reward,
-    isOver]`` batches forever, once the memory holds ``init_memory_size`` transitions, and per
+    isOver]`` batches forever (with ``n_step > 1`` or ``prioritized=True``, the eight fields of
+    a :class:`~expreplay.storage.sampling.SampleBatch`), once the memory holds ``init_memory_size`` transitions, and per
     batch it has ``update_frequency`` transitions inserted: ``batch_size`` sampled transitions
     per ``update_frequency`` inserted ones, whatever the player (see
     :mod:`expreplay.stream.replay_stream` for the exact bound; its prefetch thread draws the
@@ -204,7 +205,11 @@ class ExpReplay(DataFlow, Callback):
         state_dtype = check_dtype(state_dtype, 'state_dtype')
         sampling = Sampling(batch_size, update_frequency, samples_per_insert=samples_per_insert,
                             n_step=n_step, gamma=gamma, beta=beta, weight_norm=weight_norm,
-                            layout=layout, seed=seed, batch_format='tensorpack')
+                            layout=layout, seed=seed,
+                            # tensorpack's 4-list is 1-step uniform replay's; the rest needs
+                            # SampleBatch's eight fields (discount, indices, weights).
+                            batch_format='tensorpack' if n_step == 1 and not prioritized
+                            else 'transitions')
         # At the end of training, waiting for a simulator thread to finish its env step or
         # predictor call is cheap, and a thread left running would call a closed Session.
         manager_kwargs = dict({'close_timeout': 60.0}, **(manager_kwargs or {}))

@@ -128,3 +128,58 @@ def test_a_bare_directory_of_the_name_is_not_an_installed_package(tmp_path, monk
     import importlib
     importlib.invalidate_caches()
     assert _extras.missing_modules('fake') == []
+
+
+def _pyproject_extras():
+    import tomllib
+    with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+        return tomllib.load(f)['project']['optional-dependencies']
+
+
+def test_every_extra_of_pyproject_is_listed_with_the_modules_it_installs():
+    # `python -m expreplay` lists every extra pyproject.toml defines (jax and all included),
+    # and each extra's entry names a module of each distribution it installs.
+    import importlib.metadata
+    import re
+    extras = _pyproject_extras()
+    assert list(_extras.EXTRA_MODULES) == list(extras)
+    provides = {}     # distribution (normalized) -> the top-level modules it installs
+    for module, dists in importlib.metadata.packages_distributions().items():
+        for dist in dists:
+            provides.setdefault(re.sub(r'[-_.]+', '-', dist).lower(), set()).add(module)
+    for extra, requirements in extras.items():
+        if extra == 'all':
+            inner = re.match(r'expreplay\[(.*)\]$', requirements[0]).group(1).split(',')
+            assert set(inner) == set(extras) - {'all'}
+            assert set(_extras.EXTRA_MODULES['all']) == {
+                m for e in inner for m in _extras.EXTRA_MODULES[e]}
+            continue
+        for requirement in requirements:
+            dist = re.sub(r'[-_.]+', '-', re.match(r'[A-Za-z0-9._-]+', requirement).group()).lower()
+            if dist not in provides:        # not installed here (envpool off Linux): can't map it
+                continue
+            assert provides[dist] & set(_extras.EXTRA_MODULES[extra]), (extra, requirement)
+    lines = expreplay._info.report().splitlines()
+    listed = lines[lines.index("extras (pip install 'expreplay[NAME]'):") + 1:]
+    assert [line.split()[0] for line in listed] == list(extras)
+
+
+def test_a_script_needing_an_extra_names_it_instead_of_the_bare_module():
+    # The JAX examples import flax.linen themselves: require_extra before those imports says
+    # which extra to install, not "No module named 'flax.linen'".
+    out = run_python("""
+        import sys
+        sys.modules['flax'] = None                      # as if flax were not installed
+        from expreplay._extras import require_extra
+        require_extra('examples/dqn_atari_jax.py', 'atari')      # complete: nothing raised
+        try:
+            require_extra('examples/dqn_atari_jax.py', 'jax')
+        except ImportError as err:
+            print(err)
+        else:
+            print('imported')
+    """)
+    assert out.returncode == 0, out.stderr
+    message = out.stdout.splitlines()[-1]
+    assert message == ("examples/dqn_atari_jax.py needs the jax extra (missing: flax): "
+                       "pip install 'expreplay[jax]'"), message

@@ -27,22 +27,25 @@ def as_q_values(outputs: Any) -> Any:
     """The Q-values of a predictor's outputs: ``[Q, ...]`` (tensorpack) or the array itself.
 
     A list or tuple is tensorpack's convention, its first item the Q-values of all the states:
-    a first item that is not a 2-D array (a row of Q-values, a number: the Q-values returned
-    as Python lists) raises a :class:`PredictorError` saying what came and what is expected,
-    instead of a shape error about the first row.
+    a first item that is not a 2-D array (a row of Q-values, as ``list(q)`` gives; a number:
+    the Q-values returned as Python lists) raises a :class:`PredictorError` saying what came
+    and what to return instead, not a shape error about the first row.
     """
     if isinstance(outputs, (list, tuple)):
         if not outputs:
             raise PredictorError("predictor returned an empty list; expected [Q-values, ...] or "
                                  "a Q-value array")
         first = outputs[0]
-        if not isinstance(first, np.ndarray) and _ndim(first) != 2:
+        if not (isinstance(first, np.ndarray) and first.ndim == 2) and _ndim(first) != 2:
+            rows = (" (one row of Q-values per item, as list(q) or q.tolist() give)"
+                    if _ndim(first) == 1 else "")
             raise PredictorError(
                 f"predictor returned a Python {type(outputs).__name__} of {len(outputs)} items "
-                f"whose first is {type(first).__name__} {_shape(first)}: a list or tuple is read "
-                f"as tensorpack's [Q-values, ...], its first item the Q-values of all the states, "
-                f"shape (n_states, num_actions). Return the Q-values as an array "
-                f"(numpy.asarray(q)) or as [q]")
+                f"whose first is {type(first).__name__} {_shape(first)}{rows}: a list or tuple "
+                f"is read as tensorpack's [Q-values, ...], its first item the Q-values of all "
+                f"the states, shape (n_states, num_actions). Return the Q-values as one array "
+                f"of shape (n_states, num_actions) (q itself, or numpy.asarray(rows)), or as "
+                f"[q, ...] as tensorpack's predictors do")
         return first
     return outputs
 

@@ -13,11 +13,21 @@ each setting: the :class:`~expreplay.ReplayMemory` (capacity, frame layout, prio
     population = Population(make_env, num_players=4, predictor=q_values)
     sampling = Sampling(batch_size=64, update_frequency=4)
     with ReplayStream(memory, population, sampling, init_memory_size=5_000) as stream:
-        for step, (comb_state, action, reward, is_over) in enumerate(stream):
-            train_on(comb_state, action, reward, is_over)
+        for step, batch in enumerate(stream):   # a SampleBatch: see Sampling's batch_format
+            # the target: batch.reward + batch.discount * max_a Q(batch.next_state, a)
+            train_on(batch.state, batch.action, batch.reward, batch.next_state, batch.discount)
             stream.exploration = max(0.1, 1 - step / 100_000)
             if step == 200_000:
                 break
+
+With ``Sampling(..., batch_format='tensorpack')`` the batches are tensorpack's 4-list instead
+(1-step returns from a uniform memory only)::
+
+    sampling = Sampling(batch_size=64, update_frequency=4, batch_format='tensorpack')
+    with ReplayStream(memory, population, sampling, init_memory_size=5_000) as stream:
+        for comb_state, action, reward, is_over in stream:   # NHWC: history_len + 1 frames
+            train_on(comb_state[..., :-1], action, reward, comb_state[..., 1:],
+                     0.99 * (1 - is_over))                    # the 1-step discount
 
 The ratio of sampled to inserted transitions
 ============================================
@@ -143,7 +153,8 @@ class ReplayStream:
     """Threaded experience replay as a plain Python iterator of numpy batches.
 
     Iterating fills the memory to ``init_memory_size`` first (once), then yields batches
-    forever (``[comb_state, action, reward, isOver]``, or SampleBatch tuples: see
+    forever (:class:`~expreplay.storage.memory.SampleBatch` tuples, or tensorpack's
+    ``[comb_state, action, reward, isOver]`` with ``batch_format='tensorpack'``: see
     :class:`~expreplay.stream.sampling.Sampling`), requesting environment steps from the
     population so that the sampling's ratio holds (see the module docstring for the exact
     bound), the batches drawn ahead by a prefetch thread (``prefetch``). Stop by breaking out of
@@ -190,6 +201,7 @@ class ReplayStream:
             raise TypeError(f"population must be a Population, got {type(population).__name__}")
         if not isinstance(sampling, Sampling):
             raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        sampling.check_memory(memory)
         self.sampling = sampling
         self.init_memory_size = check_int(init_memory_size, 'init_memory_size', 0,
                                           allow_float=True)

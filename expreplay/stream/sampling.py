@@ -49,16 +49,27 @@ class Sampling:
         layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
             ``'NCHW'`` (frames first, for models that transpose on the device).
         seed (int): seeds the draws; None: unseeded.
-        batch_format (str): ``'transitions'``: every batch is a
+        batch_format (str): ``'transitions'`` (the default): every batch is a
             :class:`~expreplay.storage.memory.SampleBatch`, whatever the other settings, with
             the fields ``state, action, reward, next_state, discount, is_over, indices,
             weights``: the target is ``reward + discount * max_a Q(next_state, a)``,
             ``discount`` being ``gamma ** k`` for the k steps taken and 0 after a terminal step
             (see :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`), ``weights`` 1
-            unless prioritized. ``'tensorpack'`` (what :class:`~expreplay.ExpReplay` uses):
-            tensorpack's ``[comb_state, action, reward, isOver]`` (one array of
-            ``history_len + 1`` frames per transition) when ``n_step`` is 1 and the memory is
-            uniform, the SampleBatch otherwise (the 4-list can not carry what is asked).
+            unless prioritized. ``'tensorpack'`` (what :class:`~expreplay.ExpReplay` uses for
+            1-step uniform replay): tensorpack's ``[comb_state, action, reward, isOver]`` (one
+            array of ``history_len + 1`` frames per transition). That 4-list has no discount,
+            indices or weights, so ``'tensorpack'`` is refused (ValueError naming
+            ``batch_format``) with ``n_step`` > 1, here, and with a prioritized memory, by
+            :meth:`check_memory` (at the latest when the first batch is drawn).
+
+    Example, the default batches (with ``batch_format='tensorpack'``, unpack the 4-list
+    instead: ``for comb_state, action, reward, is_over in stream``)::
+
+        sampling = Sampling(batch_size=32, update_frequency=4, n_step=3, gamma=0.99)
+        with ReplayStream(memory, population, sampling, init_memory_size=1_000) as stream:
+            for batch in stream:
+                target = batch.reward + batch.discount * q_next_max(batch.next_state)
+                update(batch.state, batch.action, target, batch.weights)
 
     One stream uses a Sampling (it counts the batches for the ``beta`` schedule); its draws are
     thread-safe.
@@ -97,6 +108,12 @@ class Sampling:
         self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         self.seed = check_seed(seed, 'seed')
         self.batch_format = check_choice(batch_format, 'batch_format', ('transitions', 'tensorpack'))
+        if self.batch_format == 'tensorpack' and self.n_step > 1:
+            raise ValueError(
+                f"batch_format='tensorpack' can not carry n-step returns (n_step={self.n_step}): "
+                "tensorpack's [comb_state, action, reward, isOver] has no discount for the "
+                "steps summed; use batch_format='transitions' (SampleBatch: state, action, "
+                "reward, next_state, discount, is_over, indices, weights), or n_step=1")
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()     # the rng and the batch count: any thread may draw
         self.batches_sampled = 0          # named batches drawn (the beta schedule's k)
@@ -109,10 +126,25 @@ class Sampling:
         assert self.samples_per_insert is not None
         return max(1, math.ceil(self.batch_size / self.samples_per_insert))
 
+    def check_memory(self, memory: ReplayMemory) -> None:
+        """ValueError naming ``batch_format`` if batches of this format can not be drawn from
+        ``memory``: ``'tensorpack'`` from a prioritized memory (the 4-list has no indices to
+        feed priorities back, nor importance weights). Every draw checks it; a stream may call
+        it as soon as it has the memory."""
+        if self.batch_format == 'tensorpack' and memory.prioritized:
+            raise ValueError(
+                "batch_format='tensorpack' can not carry prioritized replay: tensorpack's "
+                "[comb_state, action, reward, isOver] has no indices (to feed priorities back "
+                "with update_priorities) and no importance weights; use "
+                "batch_format='transitions' (SampleBatch: state, action, reward, next_state, "
+                "discount, is_over, indices, weights), or a uniform memory (prioritized=False)")
+
     def named_batches(self, memory: ReplayMemory) -> bool:
         """Whether batches from ``memory`` are SampleBatch tuples rather than tensorpack's
-        4-list (``batch_format='tensorpack'`` with 1-step returns from a uniform memory)."""
-        return self.batch_format == 'transitions' or self.n_step > 1 or memory.prioritized
+        4-list (``batch_format='tensorpack'``); ValueError if that format can not be drawn
+        from ``memory`` (:meth:`check_memory`)."""
+        self.check_memory(memory)
+        return self.batch_format == 'transitions'
 
     def rate_limiter(self, per_request: int) -> SampleToInsertRatio | None:
         """The limiter for ``samples_per_insert`` (None for ``update_frequency``): a request

@@ -166,8 +166,8 @@ def test_tensorpack_format_keeps_the_4_list():
         batch = next(iter(stream))
     assert isinstance(batch, list) and len(batch) == 4
     assert batch[0].shape == (16, 6, HISTORY + 1)
-    with make_stream(EnvFactory(), n_step=2, batch_format='tensorpack') as stream:
-        assert isinstance(next(iter(stream)), SampleBatch)   # the 4-list can not carry n-step
+    with pytest.raises(ValueError, match="batch_format='tensorpack' can not carry n-step"):
+        make_stream(EnvFactory(), n_step=2, batch_format='tensorpack')   # no discount in it
     with pytest.raises(ValueError, match='batch_format'):
         make_stream(EnvFactory(), batch_format='comb')
     with make_stream(EnvFactory(), gamma=0.9) as stream:
