@@ -7,9 +7,10 @@
 Each round runs, one after the other and each in a fresh process (rounds interleaved, medians
 over rounds):
 
-- ``learner``: the JAX example's compiled update (``make_update``: the paper's network, Huber
-  loss, centred RMSProp, batch 32) on 64 batches drawn in advance from a memory filled by random
-  play, chained as the training loop chains them: the learner's own speed, no env, no replay.
+- ``learner``: the JAX example's compiled update, as the example builds it (``build_learner``,
+  ``make_update``: the paper's network on flax's parameter trees, Huber loss, centred RMSProp,
+  batch 32) on 64 batches drawn in advance from a memory filled by random play, chained as the
+  training loop chains them: the learner's own speed, no env, no replay.
 - ``jax run``: ``examples/dqn_minatar_jax.py`` as a user runs it (one update per frame,
   ``prefetch=0``), frames/s read from its progress lines after the first (compilation).
 - ``numpy run``: ``examples/dqn_minatar.py``, the same set-up with the numpy learner.
@@ -41,7 +42,7 @@ ENV = dict(os.environ, OPENBLAS_NUM_THREADS=os.environ.get('OPENBLAS_NUM_THREADS
 LEARNER = r'''
 import json, sys, time
 import dqn_minatar_jax as ex
-import jax, jax.numpy as jnp, numpy as np
+import jax
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling
 game, seconds = sys.argv[1], float(sys.argv[2])
 env = ex.make_env(game); channels, actions = env.observation_space.shape[-1], env.action_space.n; env.close()
@@ -50,10 +51,7 @@ with ReplayStream(memory, Population(lambda: ex.make_env(game), 1, seed=0), Samp
                   init_memory_size=5_000, prefetch=0, progress=False) as stream:
     batches = [next(iter(stream)) for _ in range(64)]
 args = [(b.state[..., 0], b.action, b.reward, b.next_state[..., 0], b.discount, b.weights) for b in batches]
-network, optimizer = ex.QNetwork(actions), ex.centred_rmsprop(2.5e-4)
-params = network.init(jax.random.PRNGKey(0), jnp.zeros((1, 10, 10, channels)))
-flat, unravel = ex.ravel_pytree(params)
-state, update = (flat, flat, optimizer.init(flat)), ex.make_update(network, unravel, optimizer)
+network, optimizer, state, update = ex.build_learner(actions, channels, 0, 2.5e-4)
 for i in range(200):
     state, td = update(state, *args[i % 64])
 jax.block_until_ready(state)
@@ -70,8 +68,8 @@ BREAKDOWN = r'''
 import json, sys, time
 import dqn_minatar_jax as ex
 import jax
-from expreplay import ReplayStream
 from expreplay.acting.population import Population
+from expreplay.stream.sampling import Sampling
 game, frames = sys.argv[1], int(sys.argv[2])
 spent = {'env step and acting (incl. the greedy forward)': 0.0, 'greedy forward': 0.0,
          'draw': 0.0, 'update dispatch': 0.0, 'wait for the previous update': 0.0,
@@ -88,7 +86,7 @@ def timed(key, fn):
 
 Population.step = timed('env step and acting (incl. the greedy forward)', Population.step)
 ex.GreedyPolicy.__call__ = timed('greedy forward', ex.GreedyPolicy.__call__)
-ReplayStream.sample = timed('draw', ReplayStream.sample)
+Sampling.draw = timed('draw', Sampling.draw)
 make_update = ex.make_update
 WARMUP = 500     # updates before the timers start: compilation and the first draws excluded
 

@@ -60,9 +60,11 @@ What the engine and the stream change, beside it:
 Progress: a ``progress:`` line at the first update (with the time jit took to compile it),
 then every ``--log-every`` seconds: agent steps and their rate, updates and their rate, the
 games finished since the last line and their mean score (whole games, all lives), the last
-loss, epsilon. Ctrl-C stops the run cleanly (the stream closes, its threads are joined, the
-games are closed; the parameters are saved if ``--save`` was given). ``--save PATH`` writes the
-online network's parameters at the end (``flax.serialization`` msgpack; read them with
+loss, epsilon. Ctrl-C, or SIGTERM (``kill``, a batch scheduler ending a job), stops the run
+cleanly (the stream closes, its threads are joined, the games are closed; the parameters are
+saved if ``--save`` was given); a second signal while it stops only prints a line, so the save
+completes. ``--save PATH`` writes the online network's parameters at the end
+(``flax.serialization`` msgpack, written whole or not at all; read them with
 ``flax.serialization.from_bytes(initial_params(QNetwork(n), seed), data)`` or
 ``msgpack_restore``); an existing file is refused, never overwritten.
 
@@ -130,6 +132,11 @@ if __name__ == '__main__':
 
 from typing import NamedTuple  # noqa: E402
 
+from expreplay import require_extra  # noqa: E402
+
+require_extra('examples/dqn_atari_jax.py', 'jax')   # names the extra, not 'No module named flax.linen'
+require_extra('examples/dqn_atari_jax.py', 'atari')
+
 import flax.linen as nn  # noqa: E402
 import flax.serialization  # noqa: E402
 import jax  # noqa: E402
@@ -139,6 +146,7 @@ import optax  # noqa: E402
 from ale_py.vector_env import AtariVectorEnv  # noqa: E402
 
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
+from expreplay.interrupts import stop_on_signals, uninterrupted  # noqa: E402
 
 HISTORY = 4   # frames per state
 
@@ -233,6 +241,19 @@ class GreedyPolicy:
         return np.asarray(self.forward(self.params, padded))[:n]
 
 
+@uninterrupted   # a signal's handler waits until the file is written
+def save_params(path, params):
+    """Write ``params`` to ``path`` whole (written aside, then linked in), never over a file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, 'wb') as f:
+            f.write(flax.serialization.to_bytes(params))
+        os.link(tmp, path)   # FileExistsError if path exists: never overwrites
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def epsilon(step, args):
     """CleanRL's linear schedule: start_e -> end_e over exploration_fraction * total_timesteps."""
     duration = args.exploration_fraction * args.total_timesteps
@@ -254,8 +275,9 @@ def train(args):
         exploration=lambda steps: epsilon(steps, args),
         on_episode_end=lambda record: scores.append(record.score),
         runner_kwargs={'life_loss_terminal': True})
+    memory = ReplayMemory(args.buffer_size, (84, 84), history_len=HISTORY, dtype='uint8')
     stream = ReplayStream(
-        ReplayMemory(args.buffer_size, (84, 84), history_len=HISTORY, dtype='uint8'),
+        memory,
         population,
         Sampling(args.batch_size, update_frequency=args.train_frequency, gamma=args.gamma,
                  seed=args.seed),
@@ -299,13 +321,18 @@ def train(args):
                     break
     except KeyboardInterrupt:
         interrupted = True
+    step = memory.num_steps_written   # every step stored, read once the games are stopped
     saved = ''
-    if args.save:
-        with open(args.save, 'xb') as f:   # 'x': never overwrites
-            f.write(flax.serialization.to_bytes(learner.params))
+    try:
+        if args.save:
+            save_params(args.save, learner.params)
+    except KeyboardInterrupt:   # a first signal now: raised once the file is written, if it was
+        interrupted = True
+    if args.save and os.path.exists(args.save):   # refused at the start if it existed
         saved = f"; parameters after {updates} updates saved to {args.save}"
     if interrupted:
-        print(f"Interrupted: training stopped, environments closed{saved}.", flush=True)
+        print(f"Interrupted: training stopped, environments closed after {step} agent "
+              f"steps{saved}.", flush=True)
         return 130
     print(f"training done: {step} agent steps, {updates} updates, {len(scores)} games in "
           f"{time.time() - start:.0f} s{saved}", flush=True)
@@ -313,7 +340,17 @@ def train(args):
 
 
 def main(argv=None):
-    return train(parse_args(argv))
+    args = parse_args(argv)
+    # The first Ctrl-C or SIGTERM stops the training; the ones after it only print a line until
+    # the parameters are saved.
+    with stop_on_signals():
+        try:
+            return train(args)
+        except KeyboardInterrupt:   # before the training started, or in its last lines
+            saved = args.save and os.path.exists(args.save)   # refused at the start if it existed
+            print(f"Interrupted: {f'the parameters are saved in {args.save}' if saved else 'nothing saved'}.",
+                  flush=True)
+            return 130
 
 
 if __name__ == '__main__':

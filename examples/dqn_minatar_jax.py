@@ -4,6 +4,7 @@
     python examples/dqn_minatar_jax.py --game breakout                     # the paper's 5M frames
     python examples/dqn_minatar_jax.py --game space_invaders --frames 1000000 --returns returns.csv
     python examples/dqn_minatar_jax.py --game breakout --checkpoint-dir runs/breakout  # resumable
+    python examples/dqn_minatar_jax.py --game breakout --players 4 --staleness 4       # 4 envs
 
 The agent is ``examples/dqn_minatar.py``'s (the MinAtar authors' ``examples/dqn.py``, value by
 value; that file's docstring lists them): a 3x3x16 convolution and a 128-unit layer, PyTorch's
@@ -15,43 +16,82 @@ momentum: PyTorch's ``RMSprop(alpha=0.95, centered=True, eps=0.01)``, which is
 actions, all 6 actions, 5M frames. Here the network, the loss and the optimizer are JAX; the
 replay memory, the acting and the sampling are :class:`expreplay.ReplayStream`'s.
 
-How a frame's work hides under the update. JAX dispatches a jitted call and returns at once:
-the update computes in XLA's threads, without the GIL, while this loop steps the env, stores
-the transition and draws the next batch. The players act with the weights of the update
-*before* the one computing (one update older than the paper's loop, out of millions), through
-a numpy copy of the network's forward pass (``GreedyPolicy``), so that a greedy action never
-queues behind the update on the XLA device. The weights travel as one flat vector, which
-keeps the dispatch cheap (``make_update``). No prefetch thread (the stream's default with one
-player): it would compete with this loop for the GIL and the cores.
+How a frame's work hides under the update. JAX dispatches a jitted call and returns: the
+update computes in XLA's threads, without the GIL, while this loop steps the env, stores the
+transition and draws the next batch; the loop's thread pays the dispatch. The players act with
+the weights of the update *before* the one computing (one update older than the paper's loop,
+out of millions), through a numpy copy of the network's forward pass (``GreedyPolicy``), so
+that a greedy action never queues behind the update on the XLA device; reading those weights
+waits for their update, so a frame takes the longer of the update and the loop's own work. The
+update is built for the least time per update as the loop sees it (``make_update``). In one
+run on a 2-core x86 machine (AVX2, no AVX-512; shared with other work, load average 1.5-4, so
+the times are several times an idle machine's: read the ratios), 15 interleaved rounds of 500
+updates of batch 32, medians, ms per update as the loop sees it (dispatch, then the previous
+weights read): 2.46 on flax's trees with the target passed in and not returned (no copy of it
+per update) and the convolution as a product over patches, 2.49 without the patches, 2.74 on
+the trees alone, 3.88 on one flat vector (``ravel_pytree``, the earlier form; 0.62x paired by
+round). The trees cost the call a little more (0.97 against 0.89 ms, the dispatch alone) and
+the compute much less (2.31 against 3.82 ms, dispatches pipelined). In other runs on the same
+machine, donating the state (no gain beyond the noise; and the players read the weights it
+frees), one vmapped call for the online and target passes (several times slower) and two XLA
+CPU flags (``--xla_cpu_multi_thread_eigen=false``, ``--xla_cpu_use_xnnpack=false``: within the
+noise) did not help; and in a short run of ``benchmarks/bench_learner.py``'s breakdown the
+loop's own work (env step and acting, the draw, the weights' hand-over) took 0.45 ms per frame
+and the dispatch 0.19, while the loop waited 0.61 more for the update. No prefetch thread
+(the stream's default with single-env players): it would compete with this loop for the GIL
+and the cores.
 
 On a GPU: ``pip install 'jax[cuda12]'``; nothing else changes.
 
+Players and staleness: ``--players N`` steps N envs in the library's simulator threads instead
+of the paper's one env stepped inline by the learner's thread (``--players 1``, the default),
+and ``--staleness K`` lets up to K step requests be pending while the learner trains (the
+stream's ``maximum_staleness``; by default the stream's, twice the frames per update: 2; with
+one player nothing is pending). It is still one update per frame: the stream counts the
+transitions inserted, whatever the players, and the frames are all players' steps. The price
+of the window is lag: a step may start some updates after the learner asked for it, so each
+batch is drawn from a memory lacking up to K of the frames asked for. The last line of a run
+gives the mean of that lag as ``examples/tune_staleness.py`` measures it (learner updates
+between a step's request and its start; 0 with one player); the players act, besides, with the
+weights of the update before the one computing (see above).
+
 Checkpoints: ``--checkpoint-dir DIR`` saves, every ``--checkpoint-every`` frames and at the end
 (also on Ctrl-C, or on ``kill``'s SIGTERM for a run in the background, whose Ctrl-C the
-shell ignores), the replay memory (``DIR/memory``, the library's checkpoint) and the learner
-(``DIR/learner.npz``: online and target weights, the optimizer's state, the frame and update
-counters, the score log's position). Run the same command again and it continues from the
-last checkpoint: the frame count, epsilon, the returns file (rows after the checkpoint are
-dropped) and the memory go on where they were; the env starts a new episode (the one cut by
-the stop is not counted) and the random draws after a resume are seeded from the seed and the
-frame count, so a resumed run is a continuation, not a bit-exact replay.
+shell ignores; a second signal while it saves only prints a line), the replay memory
+(``DIR/memory``, the library's checkpoint) and the learner (``DIR/learner.npz``: online and
+target weights, the optimizer's state, the frame and update counters), both at the same
+frame: the memory's own count of the steps it stored, read once the players are stopped.
+Run the same command again and it continues from the memory's count: the frame count,
+epsilon, the returns file (rows after it are dropped) and the memory go on where they were,
+also after a stop during the initial fill (the fill then completes first); the envs start
+new episodes (those cut by the stop are not counted) and the random draws after a resume are
+seeded from the seed and the frame count, so a resumed run is a continuation, not a
+bit-exact replay.
 
 Progress: a first line naming the game and settings, then a ``progress:`` line every
 ``--log-every`` seconds (frames and their rate, updates, games and their mean score, epsilon)
 and a ``resources:`` line (threads, open files, resident memory) after the first minute and at
-the end.
+the end; the last line gives the frames, the games, the time and the mean policy lag.
 """
 
 import argparse
+import collections
 import csv
 import os
-import signal
 import threading
 import time
 import warnings
 
 GAMES = {'asterix': 'Asterix', 'breakout': 'Breakout', 'freeway': 'Freeway',
          'seaquest': 'Seaquest', 'space_invaders': 'SpaceInvaders'}
+
+
+def positive(text):
+    """An int >= 1 (argparse type)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not >= 1")
+    return value
 
 
 def argument_parser():
@@ -76,6 +116,14 @@ def argument_parser():
     p.add_argument('--prioritized', action='store_true',
                    help='proportional prioritized replay (alpha 0.6, beta 0.4 -> 1 over the run)')
     p.add_argument('--n-step', type=int, default=1, help='n-step returns')
+    p.add_argument('--players', type=positive, default=1,
+                   help="envs acting at once, in the simulator threads (see 'Players and "
+                        "staleness' above); 1: the paper's one env, stepped inline by the "
+                        "learner's thread")
+    p.add_argument('--staleness', type=positive, default=None,
+                   help="step requests that may be pending while the learner trains (the "
+                        "stream's maximum_staleness); None: the stream's default, twice the "
+                        "frames per update (2)")
     p.add_argument('--returns', help='append every training episode as a CSV row frames,score here')
     p.add_argument('--eval-episodes', type=int, default=0,
                    help='greedy episodes played by the final network (0: none)')
@@ -92,6 +140,11 @@ if __name__ == '__main__':
 
 os.environ.setdefault('OPENBLAS_NUM_THREADS', '1')
 
+from expreplay import require_extra  # noqa: E402
+
+require_extra('examples/dqn_minatar_jax.py', 'jax')   # names the extra, not 'No module named flax.linen'
+require_extra('examples/dqn_minatar_jax.py', 'minatar')
+
 import flax.linen as nn  # noqa: E402
 import gymnasium as gym  # noqa: E402
 import jax  # noqa: E402
@@ -102,6 +155,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
+from expreplay.interrupts import stop_on_signals, uninterrupted  # noqa: E402
 
 minatar.gym.register_envs()
 
@@ -138,36 +192,63 @@ class QNetwork(nn.Module):
                         bias_init=torch_default(128))(x)
 
 
-def make_update(network, unravel, optimizer):
-    """The jitted DQN update: one step on the Huber loss of the TD error against the target
-    network, ``reward + discount * max_a Q_target(next_state, a)`` (``discount``: gamma ** k,
-    0 after a terminal step; ``weights``: importance weights, 1 unless prioritized).
+def q_values(params, states, xp=np):
+    """QNetwork's forward pass on its parameters (flax's tree), in numpy (``xp=np``: the
+    players') or in JAX (``xp=jnp``: the update's): states ``(n, 10, 10, C)`` -> Q-values
+    ``(n, num_actions)``. The 3x3 valid convolution is one product over the 8x8 positions'
+    patches, in flax's (row, column, channel) order of the kernel."""
+    relu = jax.nn.relu if xp is jnp else (lambda v: np.maximum(v, 0))   # flax's, in JAX
+    p, x = params['params'], states.astype(xp.float32)
+    n, channels = x.shape[0], x.shape[-1]
+    patches = xp.stack([x[:, i:i + 8, j:j + 8, :] for i in range(3) for j in range(3)], axis=3)
+    kernel = p['Conv_0']['kernel'].reshape(9 * channels, -1)
+    h = relu(patches.reshape(n * 64, 9 * channels) @ kernel + p['Conv_0']['bias'])
+    h = relu(h.reshape(n, -1) @ p['Dense_0']['kernel'] + p['Dense_0']['bias'])
+    return h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
 
-    The weights are one flat vector (``unravel`` rebuilds the network's tree inside the
-    compiled function): each array handed to a jitted call costs its dispatch Python time, and
-    a vector instead of the tree's leaves (online, target and two optimizer moments: 24 of them)
-    cut that from ~0.55 to ~0.15 ms per update here, time the training loop's thread needs for
-    the env.
+
+def make_update(optimizer):
+    """The DQN update: one step on the Huber loss of the TD error against the target network,
+    ``reward + discount * max_a Q_target(next_state, a)`` (``discount``: gamma ** k, 0 after a
+    terminal step; ``weights``: importance weights, 1 unless prioritized).
+
+    ``update(state, s, a, r, s2, discount, weights)``: the state (online weights, target
+    weights, optimizer state: flax's trees) and a batch -> the new state and the |TD errors|.
+    The compiled function takes the trees as they are, not one flat vector (``ravel_pytree``),
+    the target as an argument it does not return (no copy of it per update), and the
+    convolution as a product over patches (``q_values``): the fastest of the forms timed
+    (the module docstring gives the figures).
     """
     @jax.jit
-    def update(state, s, a, r, s2, discount, weights):
-        """(online, target, optimizer state), a batch -> the new state and the |TD errors|."""
-        params, target, opt_state = state
-
+    def learn(params, opt_state, target, s, a, r, s2, discount, weights):
         def loss(p):
-            q = network.apply(unravel(p), s)[jnp.arange(s.shape[0]), a]
-            td = q - (r + discount * network.apply(unravel(target), s2).max(1))
+            q = q_values(p, s, jnp)[jnp.arange(s.shape[0]), a]
+            td = q - (r + discount * q_values(target, s2, jnp).max(1))
             return jnp.mean(weights * optax.huber_loss(td, delta=1.0)), td
 
         (_, td), grads = jax.value_and_grad(loss, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), target, opt_state), jnp.abs(td)
+        return optax.apply_updates(params, updates), opt_state, jnp.abs(td)
+
+    def update(state, s, a, r, s2, discount, weights):
+        params, target, opt_state = state
+        params, opt_state, td = learn(params, opt_state, target, s, a, r, s2, discount, weights)
+        return (params, target, opt_state), td
     return update
 
 
 def centred_rmsprop(lr):
     """PyTorch's RMSprop(alpha=0.95, centered=True, eps=0.01), the paper's: eps outside the root."""
     return optax.rmsprop(lr, decay=0.95, eps=0.01, centered=True, eps_in_sqrt=False)
+
+
+def build_learner(num_actions, channels, seed, lr):
+    """The network, its optimizer, the learner's initial state (online weights, target
+    weights, optimizer state: flax's trees) and the jitted update."""
+    network = QNetwork(num_actions)
+    params = network.init(jax.random.PRNGKey(seed), jnp.zeros((1, 10, 10, channels)))
+    optimizer = centred_rmsprop(lr)
+    return network, optimizer, (params, params, optimizer.init(params)), make_update(optimizer)
 
 
 def epsilon(frame, args):
@@ -177,73 +258,133 @@ def epsilon(frame, args):
 
 
 class GreedyPolicy:
-    """The players' Q-function: the network's forward pass in numpy, on the weights last loaded.
+    """The players' Q-function: the network's forward pass in numpy (``q_values``), on the
+    weights last loaded.
 
     Why numpy: XLA runs one computation at a time per device, so a jitted greedy action would
     queue behind the update in flight and nothing would overlap; this forward (one state:
-    ~0.03 ms) runs beside it. ``load`` takes the flat weight vector (a JAX array: reading it
-    waits until the update that makes it is done) and stores a whole new set (an attribute
-    store, atomic for the player thread). Give it the learner's weights after each update;
-    never bind weights into the predictor once (``lambda s, p=params: ...`` keeps the first).
+    ~0.03 ms) runs beside it. ``load`` takes flax's parameter tree (JAX arrays: reading them
+    waits until the update that makes them is done) and stores a whole new set of numpy arrays
+    (an attribute store, atomic for the player threads). Give it the learner's weights after
+    each update; never bind weights into the predictor once (``lambda s, p=params: ...`` keeps
+    the first).
     """
 
-    def __init__(self, template, flat):
-        leaves, self.treedef = jax.tree.flatten(template)
-        self.shapes = [leaf.shape for leaf in leaves]
-        self.load(flat)
+    def __init__(self, params):
+        self.load(params)
 
-    def load(self, flat):
-        flat, leaves, at = np.asarray(flat), [], 0
-        for shape in self.shapes:
-            size = int(np.prod(shape))
-            leaves.append(flat[at:at + size].reshape(shape))
-            at += size
-        self.params = jax.tree.unflatten(self.treedef, leaves)['params']
+    def load(self, params):
+        self.params = jax.tree.map(np.asarray, params)
 
     def __call__(self, states):
         """States ``(n, 10, 10, C, 1)`` (one frame each) -> Q-values ``(n, num_actions)``."""
-        p, x = self.params, states[..., 0].astype(np.float32)
-        n, channels = len(x), x.shape[-1]
-        # The 3x3 valid convolution as one product over the 8x8 positions' patches, in flax's
-        # (row, column, channel) order of the kernel.
-        patches = np.stack([x[:, i:i + 8, j:j + 8, :] for i in range(3) for j in range(3)], axis=3)
-        kernel = p['Conv_0']['kernel'].reshape(9 * channels, -1)
-        h = np.maximum(patches.reshape(n * 64, 9 * channels) @ kernel + p['Conv_0']['bias'], 0)
-        h = np.maximum(h.reshape(n, -1) @ p['Dense_0']['kernel'] + p['Dense_0']['bias'], 0)
-        return h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
+        return q_values(self.params, states[..., 0])
 
 
 class EpisodeLog:
-    """Every training episode as (frame at its end, score): the returns file and the progress line."""
+    """Every training episode as (frame at its end, score): the returns file and the progress line.
 
-    def __init__(self, path, frames=0):
-        self.frames, self.rows, self.shown = frames, [], 0
+    A row's frame is the memory's count of the steps stored (all players') when the episode's
+    last step is in it. With several players episodes end in the simulator threads: rows are
+    appended under a lock, in the order of those counts.
+    """
+
+    def __init__(self, path, memory):
+        self.path, self.memory = path, memory
+        self.rows, self.shown, self.lock = [], 0, threading.Lock()
         self.file = self.writer = None
-        if path:
-            kept = []
-            if os.path.exists(path):   # a resumed run: keep the rows up to its checkpoint
-                with open(path, newline='') as f:
-                    kept = [r for r in csv.DictReader(f) if int(r['frames']) <= frames]
-            self.file = open(path, 'w', newline='')
-            self.writer = csv.writer(self.file)
-            self.writer.writerow(['frames', 'score'])
-            self.writer.writerows([r['frames'], r['score']] for r in kept)
-            self.file.flush()
 
-    def __call__(self, record):   # the stream's on_episode_end (one player, one env's frames)
-        self.frames += record.length
-        self.rows.append((self.frames, record.score))
-        if self.writer:
-            self.writer.writerow([self.frames, record.score])
-            self.file.flush()
+    def open(self):
+        """Start the returns file, keeping a resumed run's rows up to the memory's count (the
+        frame its checkpoint was saved at); call it once the memory is restored."""
+        if not self.path:
+            return
+        frames, kept = self.memory.num_steps_written, []
+        if os.path.exists(self.path):
+            with open(self.path, newline='') as f:
+                kept = [r for r in csv.DictReader(f) if int(r['frames']) <= frames]
+        self.file = open(self.path, 'w', newline='')
+        self.writer = csv.writer(self.file)
+        self.writer.writerow(['frames', 'score'])
+        self.writer.writerows([r['frames'], r['score']] for r in kept)
+        self.file.flush()
+
+    def __call__(self, record):   # the stream's on_episode_end, after the episode's steps are stored
+        with self.lock:
+            frame = self.memory.num_steps_written
+            self.rows.append((frame, record.score))
+            if self.writer:
+                self.writer.writerow([frame, record.score])
+                self.file.flush()
 
     def recent(self):
-        rows, self.shown = self.rows[self.shown:], len(self.rows)
+        with self.lock:
+            rows, self.shown = self.rows[self.shown:], len(self.rows)
         return [score for _, score in rows]
 
     def close(self):
-        if self.file:
-            self.file.close()
+        with self.lock:
+            if self.file:
+                self.file.close()
+                self.file = self.writer = None
+
+
+class PolicyLag:
+    """The data's policy lag as ``examples/tune_staleness.py`` measures it: the learner updates
+    made between a step's request and the start of that step.
+
+    The requests start in the order they were made (the manager's window is first in, first
+    out), so the k-th env step started is the k-th requested. Requests made before the first
+    update (the fill's) are not counted.
+    """
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.updates = 0                      # updates dispatched (the training loop sets it)
+        self.requests = collections.deque()   # the update count at each request not started
+        self.total = self.count = self.max = 0
+
+    def requested(self):
+        with self.lock:
+            self.requests.append(self.updates)
+
+    def started(self):
+        with self.lock:
+            if self.requests:
+                at = self.requests.popleft()
+                if at:
+                    lag = self.updates - at
+                    self.total += lag
+                    self.count += 1
+                    self.max = max(self.max, lag)
+
+    def mean(self):
+        with self.lock:
+            return self.total / self.count if self.count else 0.0
+
+
+class LaggedPopulation(Population):
+    """The stream's population, telling ``lag`` of each step request it makes."""
+
+    def __init__(self, *args, lag, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lag = lag
+
+    def step(self, exploration):
+        self.lag.requested()
+        super().step(exploration)
+
+
+class StartProbe(gym.Wrapper):
+    """A player's env, telling ``lag`` when it starts a step."""
+
+    def __init__(self, env, lag):
+        super().__init__(env)
+        self.lag = lag
+
+    def step(self, action):
+        self.lag.started()
+        return self.env.step(action)
 
 
 def resources():
@@ -259,6 +400,7 @@ def resources():
             f"open files {files}, resident {rss} MB")
 
 
+@uninterrupted   # a signal's handler waits until the file is written
 def save_learner(path, state, counters):
     """The learner's pytrees as numbered leaves plus its counters, replaced atomically."""
     leaves = {f'leaf{i}': np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
@@ -268,102 +410,149 @@ def save_learner(path, state, counters):
     os.replace(tmp, path)
 
 
-def load_learner(path, like):
-    """The state saved by save_learner, shaped as ``like``, and the counters."""
+def saved_frame(path):
+    """The frame of the learner saved at ``path`` (None: no file, or no path)."""
+    if not path or not os.path.exists(path):
+        return None
     with np.load(path) as f:
-        treedef = jax.tree.structure(like)
-        leaves = [jnp.asarray(f[f'leaf{i}']) for i in range(treedef.num_leaves)]
+        return int(f['frames'])
+
+
+def load_learner(path, like, optimizer):
+    """The state saved by save_learner, shaped as ``like`` (online, target, optimizer state),
+    and the counters. A file of this example's earlier layout, one flat vector per tree (its
+    four leaves: online, target and the optimizer's two moments), is read too."""
+    with np.load(path) as f:
         counters = {k: int(f[k]) for k in f.files if not k.startswith('leaf')}
-    return jax.tree.unflatten(treedef, leaves), counters
+        leaves = [jnp.asarray(f[f'leaf{i}']) for i in range(sum(k.startswith('leaf') for k in f.files))]
+    treedef = jax.tree.structure(like)
+    if len(leaves) == treedef.num_leaves:
+        return jax.tree.unflatten(treedef, leaves), counters
+    flat, unravel = ravel_pytree(like[0])
+    flat_def = jax.tree.structure((flat, flat, optimizer.init(flat)))
+    if len(leaves) != flat_def.num_leaves or any(x.shape != flat.shape for x in leaves):
+        raise ValueError(f"{path}: {len(leaves)} arrays, not this network's learner (another "
+                         "game, or another example's file?)")
+    return jax.tree.map(unravel, jax.tree.unflatten(flat_def, leaves)), counters
+
+
+class Stopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the training once it had started; ``frames``: the frame the
+    memory and the learner were saved at, None if they were not (no checkpoint dir)."""
+
+    def __init__(self, frames):
+        super().__init__(frames)
+        self.frames = frames
 
 
 def train(args):
-    """The run; returns (online weights, the network, the episode log)."""
+    """The run; returns (online weights, the network, the episode log). Raises :class:`Stopped`
+    on Ctrl-C or SIGTERM, once the memory and the learner are saved."""
     env = make_env(args.game)
     channels, num_actions = env.observation_space.shape[-1], env.action_space.n
     env.close()
-    network = QNetwork(num_actions)
-    params = network.init(jax.random.PRNGKey(args.seed), jnp.zeros((1, 10, 10, channels)))
-    flat, unravel = ravel_pytree(params)
-    optimizer = centred_rmsprop(args.lr)
-    state = (flat, flat, optimizer.init(flat))   # online, target, optimizer
-    update = make_update(network, unravel, optimizer)
+    network, optimizer, state, update = build_learner(num_actions, channels, args.seed, args.lr)
 
-    # Resume: the learner's file and the memory's checkpoint, both written at the same frame.
-    frames = updates = 0
+    # Resume: the learner's file and the memory's checkpoint, saved at the same frame.
+    learner_frames, updates = None, 0
     learner_file = args.checkpoint_dir and os.path.join(args.checkpoint_dir, 'learner.npz')
     if learner_file and os.path.exists(learner_file):
-        state, counters = load_learner(learner_file, state)
-        frames, updates = counters['frames'], counters['updates']
-        print(f"resuming from {args.checkpoint_dir}: frame {frames}, update {updates}", flush=True)
-    resumed_frames, resumed_updates = frames, updates
-    seed = args.seed + frames     # the random draws after a resume: new, but reproducible
+        state, counters = load_learner(learner_file, state, optimizer)
+        learner_frames, updates = counters['frames'], counters['updates']
+    resumed_updates = updates
+    seed = args.seed + (learner_frames or 0)   # the random draws after a resume: new, but reproducible
 
-    policy = GreedyPolicy(params, state[0])
-    episodes = EpisodeLog(args.returns, frames)
+    policy = GreedyPolicy(state[0])
+    memory = ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
+                          prioritized=args.prioritized)
+    episodes, lag = EpisodeLog(args.returns, memory), PolicyLag()
     stream = ReplayStream(
-        ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
-                     prioritized=args.prioritized),
-        # The paper's one env, stepped inline; epsilon is a schedule of the frames played.
-        Population(lambda: make_env(args.game), 1, policy, seed=seed, on_episode_end=episodes,
-                   exploration=lambda steps: epsilon(resumed_frames + steps, args)),
+        memory,
+        # One player: the paper's one env, stepped inline by this thread; more: the simulator
+        # threads step them, up to --staleness requests pending.
+        LaggedPopulation(lambda: StartProbe(make_env(args.game), lag), args.players, policy,
+                         lag=lag, maximum_staleness=args.staleness, seed=seed,
+                         on_episode_end=episodes),
         Sampling(args.batch_size, update_frequency=1, n_step=args.n_step, gamma=args.gamma,
                  seed=seed, beta=(lambda k: min(1.0, 0.4 + 0.6 * (resumed_updates + k) / args.frames))
                  if args.prioritized else None),
-        init_memory_size=args.replay_start, progress=False,   # one player: no prefetch thread
+        init_memory_size=args.replay_start, progress=False,   # single-env players: no prefetch thread
         checkpoint_dir=args.checkpoint_dir and os.path.join(args.checkpoint_dir, 'memory'))
+    # The frame count is the memory's own (restored from its checkpoint): epsilon (a schedule of
+    # the frames), the returns file and the progress lines go on from it.
+    resumed_frames = frames = memory.num_steps_written
+    stream.exploration = lambda steps: epsilon(resumed_frames + steps, args)
+    if learner_frames is not None or frames:
+        print(f"resuming from {args.checkpoint_dir}: frame {frames}, update {updates}", flush=True)
+    if learner_frames is not None and learner_frames != frames:
+        print(f"(the learner was saved at frame {learner_frames}, the memory at frame {frames}: "
+              "the frames go on from the memory's)", flush=True)
+    episodes.open()
 
     print(f"DQN (JAX) on MinAtar {GAMES[args.game]}: {args.frames} frames, seed {args.seed}, "
-          f"{jax.default_backend()} learner; " + (
-              f"{len(stream.memory)} transitions in the memory" if stream.resumed else
+          f"{args.players} player{'s' if args.players > 1 else ''}, {jax.default_backend()} learner; " + (
+              f"{len(memory)} transitions in the memory" if stream.resumed else
               f"filling {args.replay_start} frames at random first"), flush=True)
     start = last_log = time.time()
     last_frames, soak_shown, pending = frames, False, None
-    with stream:   # closing joins every thread and saves the memory, also on Ctrl-C or an error
-        first_frames = max(frames, args.replay_start)   # in the memory when the first batch is drawn
+    every = args.checkpoint_every
+    next_save = (frames // every + 1) * every
+    try:
         try:
-            for batch in stream:   # one frame stepped (the previous weights act), then a batch drawn
-                # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
-                new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
-                                       batch.next_state[..., 0], batch.discount, batch.weights)
-                policy.load(state[0])   # the weights before this update act for the next frame
-                state = new_state
-                updates += 1
-                frames = first_frames + updates - resumed_updates - 1   # frames in the memory now
-                if updates % args.target_update == 0:
-                    state = (state[0], state[0], state[2])
-                if args.prioritized:
-                    # One batch late: reading this batch's |TD| now would wait for the update.
-                    if pending is not None:
-                        stream.update_priorities(*pending)
-                    pending = (batch.indices, td)
+            with stream:   # closing stops the players, joins every thread and saves the memory
+                for batch in stream:   # frames stepped (the previous weights act), then a batch drawn
+                    # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
+                    new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
+                                           batch.next_state[..., 0], batch.discount, batch.weights)
+                    policy.load(state[0])   # the weights before this update act for the next frames
+                    state = new_state
+                    updates += 1
+                    lag.updates = updates - resumed_updates
+                    frames = memory.num_steps_written
+                    if updates % args.target_update == 0:
+                        state = (state[0], state[0], state[2])
+                    if args.prioritized:
+                        # One batch late: reading this batch's |TD| now would wait for the update.
+                        if pending is not None:
+                            stream.update_priorities(*pending)
+                        pending = (batch.indices, td)
 
-                now = time.time()
-                if now - last_log >= args.log_every or frames >= args.frames:
-                    scores = episodes.recent()
-                    line = (f"progress: {frames} frames ({(frames - last_frames) / (now - last_log):.0f}/s), "
-                            f"{updates} updates, {len(scores)} games")
-                    if scores:
-                        line += f", mean score {np.mean(scores):.2f} (max {max(scores):.0f})"
-                    print(line + f", epsilon {stream.exploration:.3f}", flush=True)
-                    last_log, last_frames = now, frames
-                    if not soak_shown and now - start >= 60:
-                        print(resources(), flush=True)
-                        soak_shown = True
-                if learner_file and frames % args.checkpoint_every == 0:
-                    stream.save_memory()
-                    save_learner(learner_file, state, {'frames': frames, 'updates': updates})
-                if frames >= args.frames:
-                    break
-        finally:   # also on Ctrl-C: the learner at the frame the memory is saved at (on close)
-            if learner_file:
+                    now = time.time()
+                    if now - last_log >= args.log_every or frames >= args.frames:
+                        scores = episodes.recent()
+                        rate = (frames - last_frames) / (now - last_log)
+                        line = (f"progress: {frames} frames ({rate:.0f}/s), {updates} updates, "
+                                f"{len(scores)} games")
+                        if scores:
+                            line += f", mean score {np.mean(scores):.2f} (max {max(scores):.0f})"
+                        print(line + f", epsilon {stream.exploration:.3f}", flush=True)
+                        last_log, last_frames = now, frames
+                        if not soak_shown and now - start >= 60:
+                            print(resources(), flush=True)
+                            soak_shown = True
+                    if learner_file and frames >= next_save:
+                        stream.population.wait_idle()   # nothing being stored while it is saved
+                        stream.save_memory()
+                        saved = memory.num_steps_written
+                        save_learner(learner_file, state, {'frames': saved, 'updates': updates})
+                        next_save = (saved // every + 1) * every
+                    if frames >= args.frames:
+                        break
+        finally:
+            # The stream is closed: the players are stopped and the memory is saved, at its
+            # count of steps stored; the learner is saved at that frame too.
+            frames = memory.num_steps_written
+            episodes.close()
+            if learner_file and stream.closed:
                 save_learner(learner_file, state, {'frames': frames, 'updates': updates})
-
-    episodes.close()
-    print(resources(), flush=True)
-    print(f"training done: {frames} frames, {len(episodes.rows)} games in "
-          f"{time.time() - start:.0f} s", flush=True)
-    return unravel(state[0]), network, episodes
+        print(resources(), flush=True)
+        print(f"training done: {frames} frames, {len(episodes.rows)} games in "
+              f"{time.time() - start:.0f} s, mean policy lag {lag.mean():.2f} updates "
+              f"(max {lag.max})", flush=True)
+    except KeyboardInterrupt:
+        # Said saved only if the learner's file holds this frame (the memory saved at it).
+        raise Stopped(frames if saved_frame(learner_file) == frames else None) from None
+    return state[0], network, episodes
 
 
 def evaluate(network, params, game, episodes, seed, max_frames=10_000):
@@ -383,29 +572,35 @@ def evaluate(network, params, game, episodes, seed, max_frames=10_000):
     return np.array(scores)
 
 
-def stop_as_ctrl_c(signum, frame):
-    """SIGTERM (``kill``, a batch scheduler ending a job) stops the run as Ctrl-C does."""
-    raise KeyboardInterrupt
-
-
 def main(argv=None):
     args = argument_parser().parse_args(argv)
-    try:
-        params, network, _ = train(args)
-    except KeyboardInterrupt:
-        if args.checkpoint_dir and os.path.exists(os.path.join(args.checkpoint_dir, 'learner.npz')):
-            print(f"stopped: the memory and the learner are saved in {args.checkpoint_dir}; "
-                  "run the same command to go on", flush=True)
-        else:
-            print("stopped: nothing saved" + ("" if args.checkpoint_dir else
-                                              " (no --checkpoint-dir)"), flush=True)
-        return None
-    if args.eval_episodes:
-        scores = evaluate(network, params, args.game, args.eval_episodes, seed=10**6 + args.seed)
-        print(f"greedy mean score {scores.mean():.2f} over {len(scores)} episodes", flush=True)
-        return scores
+    # The first Ctrl-C or SIGTERM (``kill``, a batch scheduler ending a job) stops the run as
+    # Ctrl-C does; the ones after it only print a line until the saves are done.
+    with stop_on_signals():
+        try:
+            params, network, _ = train(args)
+        except Stopped as stop:
+            if stop.frames is not None:
+                print(f"stopped: the memory and the learner are saved in {args.checkpoint_dir} at "
+                      f"frame {stop.frames}; run the same command to go on", flush=True)
+            elif args.checkpoint_dir:
+                print("stopped: the learner is not saved at this frame", flush=True)
+            else:
+                print("stopped: nothing saved (no --checkpoint-dir)", flush=True)
+            return None
+        except KeyboardInterrupt:   # before the training started
+            print("stopped before the training started: nothing saved", flush=True)
+            return None
+        if args.eval_episodes:
+            try:
+                scores = evaluate(network, params, args.game, args.eval_episodes,
+                                  seed=10**6 + args.seed)
+            except KeyboardInterrupt:
+                print("stopped during the greedy evaluation", flush=True)
+                return None
+            print(f"greedy mean score {scores.mean():.2f} over {len(scores)} episodes", flush=True)
+            return scores
 
 
 if __name__ == '__main__':
-    signal.signal(signal.SIGTERM, stop_as_ctrl_c)
     main()

@@ -36,6 +36,7 @@ _LAZY = {
     'load_minari': '.minari_io',
     'RayVectorEnv': '.ray',
     'info': '._info',
+    'require_extra': '._extras',
 }
 
 __all__ = ['CheckpointError', 'Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)

@@ -15,9 +15,11 @@ script, is that subprocess).
 """
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -145,42 +147,63 @@ STOPPABLE_RUN = ['--frames', '100000', '--replay-start', '300', '--memory-size',
                  '--log-every', '0', '--checkpoint-dir', 'ckpt']
 
 
-def stop_mid_run(tmp_path, sig):
-    """Start a run of the example as a user does, send it ``sig`` once it has trained for 50
-    frames, and check that it stopped cleanly with its learner and memory saved; returns the
-    frame count saved."""
+def saved_frames(tmp_path):
+    """(the learner file's frame, the memory checkpoint's count of steps stored): the example
+    saves both at the same frame, the memory's count."""
+    from expreplay import ReplayMemory
+    with np.load(tmp_path / 'ckpt' / 'learner.npz') as saved:
+        learner = int(saved['frames']), int(saved['updates'])
+    memory = ReplayMemory.load(tmp_path / 'ckpt' / 'memory' / 'replay_memory.npz')
+    return learner, memory.num_steps_written
+
+
+def stop_run(tmp_path, sig, args=STOPPABLE_RUN, when=lambda line, progress: progress == 50,
+             delay=0.0, second=None):
+    """Start a run of the example as a user does, send it ``sig`` once ``when(line, progress
+    lines so far)`` holds (and ``delay`` seconds more), and ``second`` (a signal) 10 ms
+    after it; check that it stopped with its learner and memory saved at the same frame.
+    Returns (frames, updates) saved and the output."""
     pytest.importorskip('jax')
     pytest.importorskip('minatar')
     # SIGINT handled by default in the child even when this run inherited it ignored (a job
     # started in the background of a non-interactive shell does): else the run ignores Ctrl-C.
     proc = subprocess.Popen([sys.executable, '-u', os.path.join(EXAMPLE_DIR, 'dqn_minatar_jax.py'),
-                             *STOPPABLE_RUN],
+                             *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=tmp_path, env=dict(os.environ, OPENBLAS_NUM_THREADS='1'),
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        progress = 0
-        for line in proc.stdout:          # training has started: interrupt it mid-run
+        progress, head = 0, []
+        for line in proc.stdout:
+            head.append(line)
             progress += line.startswith('progress:')
-            if progress == 50:
+            if when(line, progress):
+                time.sleep(delay)
                 proc.send_signal(sig)
+                if second is not None:
+                    time.sleep(0.01)
+                    proc.send_signal(second)
                 break
         rest = proc.communicate(timeout=120)[0]   # the stop takes ~5 s at load 10 on 2 cores
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 0, rest[-3000:]
-    assert 'stopped: the memory and the learner are saved in ckpt' in rest, rest[-3000:]
-    with np.load(tmp_path / 'ckpt' / 'learner.npz') as saved:
-        frames = int(saved['frames'])
-    assert frames >= 300 + 48
-    return frames
+    out = ''.join(head) + rest
+    # A second signal is held back (a line printed) until the saves are done; one that comes
+    # once they are (the process exiting, the handlers restored) ends it as SIGTERM does.
+    assert proc.returncode == 0 or (second is not None and proc.returncode == -second), rest[-3000:]
+    (frames, updates), memory_frames = saved_frames(tmp_path)
+    assert f'stopped: the memory and the learner are saved in ckpt at frame {frames};' in rest, \
+        rest[-3000:]
+    assert frames == memory_frames, f"learner at frame {frames}, memory at {memory_frames}"
+    return (frames, updates), out
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(LEARNING_TIMEOUT)
 def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
-    frames = stop_mid_run(tmp_path, signal.SIGINT)
+    (frames, _), _ = stop_run(tmp_path, signal.SIGINT)
+    assert frames >= 300 + 48
     resumed = example(['--frames', str(frames + 200), *STOPPABLE_RUN[2:]], tmp_path)
     assert f'resuming from ckpt: frame {frames}' in resumed
     assert f'training done: {frames + 200} frames' in resumed
@@ -191,28 +214,132 @@ def test_ctrl_c_saves_the_learner_with_the_memory_and_the_run_goes_on(tmp_path):
 def test_kill_stops_the_run_as_ctrl_c_does(tmp_path):
     # SIGTERM: how a run in the background (whose Ctrl-C the shell ignores) or a batch
     # scheduler's job is stopped.
-    stop_mid_run(tmp_path, signal.SIGTERM)
+    (frames, _), _ = stop_run(tmp_path, signal.SIGTERM)
+    assert frames >= 300 + 48
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LEARNING_TIMEOUT)
+def test_a_second_kill_right_after_the_first_does_not_cut_the_save_short(tmp_path):
+    # A scheduler, or an impatient user, sending SIGTERM twice: the saves complete anyway, the
+    # learner and the memory at the same frame (checked by stop_run).
+    (frames, _), _ = stop_run(tmp_path, signal.SIGTERM, second=signal.SIGTERM)
+    assert frames >= 300 + 48
+
+
+FILL_RUN = ['--frames', '50200', '--replay-start', '50000', '--memory-size', '60000',
+            '--log-every', '0', '--checkpoint-dir', 'ckpt', '--returns', 'returns.csv']
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LEARNING_TIMEOUT)
+def test_kill_during_the_fill_saves_it_and_the_resumed_run_goes_on_from_it(tmp_path):
+    # Stopped 1 s into the fill of 50,000 random frames (several seconds of it on 2 cores).
+    (frames, updates), _ = stop_run(tmp_path, signal.SIGTERM, args=FILL_RUN, delay=1.0,
+                                    when=lambda line, progress: 'at random first' in line)
+    assert 0 < frames < 50_000 and updates == 0, (frames, updates)
+    rows = returns_rows(tmp_path / 'returns.csv')
+    assert rows and rows[-1][0] <= frames              # the fill's episodes, up to the stop
+
+    resumed = example(FILL_RUN, tmp_path)
+    assert f'resuming from ckpt: frame {frames}, update 0' in resumed, resumed[:500]
+    progress = [int(line.split()[1]) for line in resumed.splitlines() if line.startswith('progress:')]
+    # The fill completes (to 50,000 transitions), then the frames go on from there.
+    assert progress[0] == 50_000 and progress[-1] == 50_200 and progress == sorted(progress)
+    assert 'training done: 50200 frames' in resumed
+    again = returns_rows(tmp_path / 'returns.csv')
+    assert again[:len(rows)] == rows                   # the rows of the first sitting are kept
+    later = [f for f, _ in again[len(rows):]]
+    assert later and later[0] > frames and later == sorted(later) and later[-1] <= 50_200
+
+
+def test_several_players_with_a_staleness_window_train_and_log_their_frames(tmp_path):
+    # ~17 s on 2 cores (load average 1.5), most of it JAX's import and compilation.
+    out = example(['--players', '2', '--staleness', '4', '--frames', '1000', '--replay-start', '200',
+                   '--memory-size', '1500', '--target-update', '50', '--log-every', '0',
+                   '--returns', 'returns.csv'], tmp_path)
+    assert '2 players' in out, out[:500]
+    done = re.search(r'^training done: (\d+) frames, (\d+) games in \d+ s, '
+                     r'mean policy lag ([\d.]+) updates \(max (\d+)\)$', out, re.M)
+    assert done, out[-2000:]
+    frames, games, lag, lag_max = int(done[1]), int(done[2]), float(done[3]), int(done[4])
+    # The stop drops the requests still queued: the memory holds the frames asked for, give or
+    # take the window.
+    assert 1000 <= frames <= 1000 + 4 and 0 <= lag <= lag_max, done[0]
+    last = [line for line in out.splitlines() if line.startswith('progress:')][-1]
+    at, updates = int(last.split()[1]), int(last.split()[4])
+    assert abs(updates - (at - 200)) <= 5, last          # one update per frame after the fill
+    rows = returns_rows(tmp_path / 'returns.csv')
+    ends = [f for f, _ in rows]
+    assert len(rows) == games and ends == sorted(ends), ends
+    assert frames - 200 < ends[-1] <= frames, (ends[-1], frames)   # episodes of ~20-100 frames
 
 
 def test_the_players_numpy_forward_is_the_networks():
     # The players act through a numpy copy of the forward pass (it runs beside the update in
-    # flight): it must give the flax network's Q-values for the same flat weights.
+    # flight), the update through the same function in JAX: both must give the flax network's
+    # Q-values for the same weights, and the update the paper's step. And the learner files of
+    # the flat-vector layout (before the update took flax's trees) still load.
     pytest.importorskip('jax')
     pytest.importorskip('minatar')
     code = '''
-import sys; sys.path.insert(0, sys.argv[1])
+import os, sys, tempfile; sys.path.insert(0, sys.argv[1])
 import numpy as np, jax, jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 import dqn_minatar_jax as ex
 for channels, actions in ((4, 6), (10, 3)):
     net = ex.QNetwork(actions)
     params = net.init(jax.random.PRNGKey(channels), jnp.zeros((1, 10, 10, channels)))
-    flat, _ = ravel_pytree(params)
-    flat = flat + jax.random.normal(jax.random.PRNGKey(1), flat.shape) * 0.1   # not the init
-    params = _(flat)
+    params = jax.tree.map(lambda w: w + 0.1 * jax.random.normal(jax.random.PRNGKey(1), w.shape),
+                          params)   # not the init
     states = np.random.default_rng(0).random((7, 10, 10, channels, 1)) < 0.3
-    q = ex.GreedyPolicy(params, flat)(states)
-    np.testing.assert_allclose(q, np.asarray(net.apply(params, states[..., 0])), rtol=1e-4, atol=1e-5)
+    q = ex.GreedyPolicy(params)(states)
+    want = np.asarray(net.apply(params, states[..., 0]))
+    np.testing.assert_allclose(q, want, rtol=1e-4, atol=1e-5)
+    # ... and the update's forward (the same function in JAX) is the network's too
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda p, x: ex.q_values(p, x, jnp))(
+        params, states[..., 0])), want, rtol=1e-4, atol=1e-5)
+
+# The update is the paper's: one centred RMSProp step on the Huber loss of the TD error, as
+# written plainly with the flax network.
+optimizer = ex.centred_rmsprop(1e-3)
+rng = np.random.default_rng(1)
+s, s2 = (rng.random((32, 10, 10, 10)) < 0.3 for _ in range(2))
+batch = (s, rng.integers(0, 3, 32), rng.random(32).astype(np.float32), s2,
+         np.full(32, 0.99, np.float32), rng.random(32).astype(np.float32))
+target = jax.tree.map(lambda w: w * 0.5, params)
+state = (params, target, optimizer.init(params))
+(got, got_target, _), td = ex.make_update(optimizer)(state, *batch)
+
+def loss(p):
+    q = net.apply(p, s)[np.arange(32), batch[1]]
+    err = q - (batch[2] + batch[4] * net.apply(target, s2).max(1))
+    return jnp.mean(batch[5] * jnp.where(jnp.abs(err) <= 1, 0.5 * err ** 2, jnp.abs(err) - 0.5)), err
+
+(_, err), grads = jax.value_and_grad(loss, has_aux=True)(params)
+updates, _ = optimizer.update(grads, state[2], params)
+want = jax.tree.map(lambda w, u: w + u, params, updates)
+for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(np.asarray(td), np.abs(np.asarray(err)), rtol=1e-5, atol=1e-6)
+assert got_target is target
+
+# A learner file of the example's earlier layout (one flat vector per tree) is read as the tree.
+flat, unravel = ravel_pytree(params)
+flat_state = (flat, flat * 2, optimizer.init(flat))
+flat_state = (flat_state[0], flat_state[1], optimizer.update(flat, flat_state[2], flat)[1])
+path = os.path.join(tempfile.mkdtemp(), 'learner.npz')
+ex.save_learner(path, flat_state, {'frames': 7, 'updates': 3})
+like = (params, params, optimizer.init(params))
+state, counters = ex.load_learner(path, like, optimizer)
+assert counters == {'frames': 7, 'updates': 3}, counters
+assert jax.tree.structure(state) == jax.tree.structure(like)
+for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(jax.tree.map(unravel, flat_state))):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+ex.save_learner(path, state, {'frames': 7, 'updates': 3})   # and the tree itself, as saved now
+again, _ = ex.load_learner(path, like, optimizer)
+for got, want in zip(jax.tree.leaves(again), jax.tree.leaves(state)):
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
 print('ok')
 '''
     out = subprocess.run([sys.executable, '-c', code, EXAMPLE_DIR], capture_output=True, text=True,
