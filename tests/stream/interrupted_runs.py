@@ -97,6 +97,7 @@ def one_run(run, directory, delay, double, rng):
         # the stream's `with` closes it on the way out, and the stage after calls close() again.
         if state['stage'] == 'stream':
             state['stage'] = 'close'
+            timer.start()         # here: a signal sent at once lands inside the try
             with stream:
                 try:
                     train(stream, 300)
@@ -116,7 +117,6 @@ def one_run(run, directory, delay, double, rng):
         waiting.wait(0)
         RAISING[0] = False    # the checks below run undisturbed
 
-    timer.start()
     for _ in range(2 * sent + 2):
         try:
             proceed()
