@@ -11,13 +11,13 @@ the save; what this module does is keep the handler out of that code:
 * :func:`protect_memory` wraps the Python-level handlers of SIGINT and SIGTERM in a
   :class:`DeferredHandler`. When a signal arrives while the main thread runs code of
   :mod:`expreplay.storage` (any frame of its stack), the handler runs when the outermost
-  such call returns (see :class:`DeferredHandler`): right after a write, once the file is
-  written for a save.
-  Elsewhere it runs the wrapped handler at once. A few functions outside the memory are
-  marked :func:`uninterrupted` too: a population's start (threads started must be recorded to
-  be stopped) and a stream's close (a second Ctrl-C must not skip the save). The memory and the stream call it (in the main
-  thread; elsewhere it does nothing), so a user does nothing; a handler installed later by the
-  user is wrapped at the stream's next start or close.
+  such call returns: right after a write, once the file is written for a save. Elsewhere it
+  runs the wrapped handler at once. A few functions outside the memory are marked
+  :func:`uninterrupted` too: a population's start (threads started must be recorded to be
+  stopped) and a stream's close (a second Ctrl-C must not skip the save). The memory and the
+  stream call :func:`protect_memory` (in the main thread; elsewhere it does nothing), so a
+  user does nothing; a handler installed later by the user is wrapped at the stream's next
+  start or close.
 * :func:`stop_on_signals` is for a training script: the first SIGINT or SIGTERM raises
   ``KeyboardInterrupt`` (so a ``kill`` of a background run, whose SIGINT the shell ignores,
   stops it as Ctrl-C does), and the ones after it, until the block ends, are reported and held

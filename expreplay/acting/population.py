@@ -189,6 +189,12 @@ class Population:
         return self._exploration.schedule
 
     @property
+    def exploration_assigned(self) -> bool:
+        """Whether epsilon was assigned since the population was built (a number or a
+        schedule), not only given to the constructor."""
+        return self._exploration.assignments > 1
+
+    @property
     def predictor(self) -> Callable[[np.ndarray], Any] | None:
         """The Q-function the runners use (see ``predictor`` in the class docstring).
 

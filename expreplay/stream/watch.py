@@ -72,11 +72,9 @@ class RandomPlayWatch:
         if self._episodes_at_start is None:
             self._episodes_at_start = episodes
         self.batches += 1
-        exploration = getattr(population, '_exploration', None)
         never_assigned = (population.exploration_schedule is None
-                          and getattr(exploration, 'assignments', 0) == 1)
-        due = (min(RANDOM_PLAY_UNSET_WARNING_BATCHES, RANDOM_PLAY_WARNING_BATCHES)
-               if never_assigned else RANDOM_PLAY_WARNING_BATCHES)
+                          and not population.exploration_assigned)
+        due = RANDOM_PLAY_UNSET_WARNING_BATCHES if never_assigned else RANDOM_PLAY_WARNING_BATCHES
         if self.batches < due or episodes - self._episodes_at_start < 2:
             return
         self.batches = None

@@ -149,7 +149,7 @@ def write_until_interrupted(memory, writer, rng, step):
     while True:
         step += 1
         frame[0] = step % 251
-        if not writer.in_episode:   # the last run stopped between an episode's end and start
+        if not writer.in_episode:   # a signal landed between an episode's end and the next start
             writer.start_episode(frame)
         end = rng.random() < 0.02
         writer.add_step(step % 3, 1.0, frame, terminated=end)
