@@ -58,7 +58,9 @@ def test_a_schedule_out_of_range_is_refused_naming_exploration(bad):
     (1.0, None, False),            # no Q-function: random play is all there can be
 ])
 def test_a_stream_that_only_plays_at_random_warns_once(monkeypatch, exploration, predictor, warns):
+    # Both thresholds: epsilon here is the Population's number, never assigned (the early one).
     monkeypatch.setattr(watch, 'RANDOM_PLAY_WARNING_BATCHES', 30)
+    monkeypatch.setattr(watch, 'RANDOM_PLAY_UNSET_WARNING_BATCHES', 30)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         with make_stream(EnvFactory(), predictor, exploration=exploration, prefetch=0) as stream:
