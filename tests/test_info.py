@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import expreplay
-from expreplay import _extras
+from expreplay import _extras, _info
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -159,7 +159,7 @@ def test_every_extra_of_pyproject_is_listed_with_the_modules_it_installs():
             if dist not in provides:        # not installed here (envpool off Linux): can't map it
                 continue
             assert provides[dist] & set(_extras.EXTRA_MODULES[extra]), (extra, requirement)
-    lines = expreplay._info.report().splitlines()
+    lines = _info.report().splitlines()
     listed = lines[lines.index("extras (pip install 'expreplay[NAME]'):") + 1:]
     assert [line.split()[0] for line in listed] == list(extras)
 
