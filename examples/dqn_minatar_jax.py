@@ -124,6 +124,10 @@ def argument_parser():
                    help="step requests that may be pending while the learner trains (the "
                         "stream's maximum_staleness); None: the stream's default, twice the "
                         "frames per update (2)")
+    p.add_argument('--env-ms', type=float, default=0.0,
+                   help="milliseconds each player's env step also sleeps (GIL released): an "
+                        "emulator slower than the learner, as a GPU learner's envs are, so that "
+                        "the staleness window fills (see 'Players and staleness' above)")
     p.add_argument('--returns', help='append every training episode as a CSV row frames,score here')
     p.add_argument('--eval-episodes', type=int, default=0,
                    help='greedy episodes played by the final network (0: none)')
@@ -376,14 +380,17 @@ class LaggedPopulation(Population):
 
 
 class StartProbe(gym.Wrapper):
-    """A player's env, telling ``lag`` when it starts a step."""
+    """A player's env, telling ``lag`` when it starts a step; ``seconds``: what each step also
+    sleeps (``--env-ms``)."""
 
-    def __init__(self, env, lag):
+    def __init__(self, env, lag, seconds=0.0):
         super().__init__(env)
-        self.lag = lag
+        self.lag, self.seconds = lag, seconds
 
     def step(self, action):
         self.lag.started()
+        if self.seconds:
+            time.sleep(self.seconds)
         return self.env.step(action)
 
 
@@ -470,7 +477,7 @@ def train(args):
         memory,
         # One player: the paper's one env, stepped inline by this thread; more: the simulator
         # threads step them, up to --staleness requests pending.
-        LaggedPopulation(lambda: StartProbe(make_env(args.game), lag), args.players, policy,
+        LaggedPopulation(lambda: StartProbe(make_env(args.game), lag, args.env_ms / 1000), args.players, policy,
                          lag=lag, maximum_staleness=args.staleness, seed=seed,
                          on_episode_end=episodes),
         Sampling(args.batch_size, update_frequency=1, n_step=args.n_step, gamma=args.gamma,
