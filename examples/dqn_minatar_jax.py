@@ -53,7 +53,11 @@ of the window is lag: a step may start some updates after the learner asked for 
 batch is drawn from a memory lacking up to K of the frames asked for. The last line of a run
 gives the mean of that lag as ``examples/tune_staleness.py`` measures it (learner updates
 between a step's request and its start; 0 with one player); the players act, besides, with the
-weights of the update before the one computing (see above).
+weights of the update before the one computing (see above). The window makes lag only when the
+players are slower than the learner (a GPU learner's case; here MinAtar's env is faster than
+the CPU update, and every request starts at once): ``--env-ms D`` gives each player's env step
+a D ms sleep, an emulator that slow, so that the window fills (``examples/staleness_learning.py``
+and docs/staleness_learning.md: what lag costs learning).
 
 Checkpoints: ``--checkpoint-dir DIR`` saves, every ``--checkpoint-every`` frames and at the end
 (also on Ctrl-C, or on ``kill``'s SIGTERM for a run in the background, whose Ctrl-C the
@@ -497,7 +501,9 @@ def train(args):
     episodes.open()
 
     print(f"DQN (JAX) on MinAtar {GAMES[args.game]}: {args.frames} frames, seed {args.seed}, "
-          f"{args.players} player{'s' if args.players > 1 else ''}, {jax.default_backend()} learner; " + (
+          f"{args.players} player{'s' if args.players > 1 else ''}" + (
+              f" (staleness {stream.maximum_staleness}" + (f", env steps + {args.env_ms:g} ms" if args.env_ms else '')
+              + ")" if args.players > 1 else '') + f", {jax.default_backend()} learner; " + (
               f"{len(memory)} transitions in the memory" if stream.resumed else
               f"filling {args.replay_start} frames at random first"), flush=True)
     start = last_log = time.time()
