@@ -36,6 +36,10 @@ The rounds run the combinations in turn (round 1 of every combination, then roun
 that a machine whose speed drifts during the sweep affects all of them alike; the spread of the
 rounds (min to max) is in the CSV and drawn as error bars.
 
+This measures the throughput side only. What lag costs learning is measured in
+docs/staleness_learning.md (DQN on MinAtar to 1M frames, score against the measured lag); the
+last lines printed give its result nearest to the recommended combination's lag.
+
 The recommendation: among the combinations reaching ``--throughput-fraction`` of the best
 steps/s (means over the rounds), the one with the smallest mean update lag (ties: fewer
 players, smaller window); the plot marks it.
@@ -54,6 +58,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the sibling example modules
 
 from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory  # noqa: E402
+from staleness_learning import learning_cost  # noqa: E402
 
 
 def build_parser():
@@ -432,6 +437,10 @@ def main(argv=None):
           f"{rec['steps_per_sec_max']:.0f}; {100 * rec['steps_per_sec'] / best:.0f}% of the best, "
           f"{best:.0f}), policy lag {rec['update_lag_mean']:.2f} updates on average "
           f"(max {rec['update_lag_max']}), {rec['request_lag_mean']:.2f} queued requests")
+    cost = learning_cost(rec['update_lag_mean'])
+    if cost:
+        print("what such a lag cost DQN's learning on MinAtar (docs/staleness_learning.md):")
+        print('\n'.join(cost))
     return rows, rec
 
 

@@ -1,0 +1,196 @@
+#!/usr/bin/env python
+"""What staleness costs learning: DQN's score at 1M frames against the data's measured policy lag.
+
+    # one run per game, seed and window (--env-ms: see below), its log kept:
+    python examples/dqn_minatar_jax.py --game breakout --seed 0 --frames 1000000 --players 4 \\
+        --staleness 16384 --env-ms 1.0 --returns runs/breakout_k16384_seed0/returns.csv \\
+        > runs/breakout_k16384_seed0/log.txt
+    # add each finished run to the study's table (its returns file is copied beside it, gzipped):
+    python examples/staleness_learning.py add runs/breakout_k16384_seed0 --game breakout --seed 0 \\
+        --staleness 16384 --env-ms 1.0 --data docs/data/staleness
+    # the table and the plot, from the committed files only:
+    python examples/staleness_learning.py report --data docs/data/staleness --png docs/staleness_learning.png
+
+The study's question is the other half of ``examples/tune_staleness.py``: a wider window
+(``maximum_staleness``) lets more steps reach the memory per second, and the data it brings
+lags the learner; how much lag can DQN take before it learns worse? A run's lag is the mean
+number of learner updates between a step's request and its start, as ``dqn_minatar_jax.py``
+reports it on its last line (``mean policy lag``) and as ``tune_staleness.py`` measures it.
+
+The window only makes lag when the players are slower than the learner (otherwise every
+request starts at once, whatever the window): a GPU learner's situation, not this CPU's, where
+the JAX update is slower than MinAtar's env. ``--env-ms`` gives each player's env step a sleep
+(the GIL released, no CPU used) standing for a slower emulator, so that the window fills;
+with the library's default of one simulator thread for single-env players the sleeps add up
+(4 players at 1.0 ms: at most ~1,000 steps/s), and the lag then comes close to the window.
+
+The score is the mean return of the training episodes that ended in the last 200k frames
+(800k-1M), the same window for every run; ``--baseline`` adds, as lag 0, the one-player runs of
+``docs/data/minatar_jax`` (the paper's loop, the env stepped inline: no request waits) over the
+same window. ``report`` prints a Markdown table and draws score against lag (each run a point,
+the baseline's seeds as a band) and frames/s against the window.
+"""
+
+import argparse
+import csv
+import glob
+import gzip
+import os
+import re
+import shutil
+
+import numpy as np
+
+FIELDS = ['game', 'seed', 'players', 'staleness', 'env_ms', 'frames', 'seconds', 'mean_lag',
+          'max_lag', 'returns']
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, '..', 'docs', 'data', 'staleness')          # the committed study
+BASELINE = os.path.join(HERE, '..', 'docs', 'data', 'minatar_jax')   # one-player runs: lag 0
+LAST_LINE = re.compile(r'training done: (\d+) frames, \d+ games in (\d+) s, mean policy lag '
+                       r'([\d.]+) updates \(max (\d+)\)')
+PLAYERS = re.compile(r': \d+ frames, seed \d+, (\d+) players?')
+
+
+def window_score(path, low=800_000, high=1_000_000):
+    """Mean return of the episodes that ended in (low, high] frames, and their count."""
+    with (gzip.open(path, 'rt') if path.endswith('.gz') else open(path)) as f:
+        rows = [(int(r['frames']), float(r['score'])) for r in csv.DictReader(f)]
+    scores = [s for frame, s in rows if low < frame <= high]
+    return (float(np.mean(scores)) if scores else float('nan')), len(scores)
+
+
+def add(args):
+    """Read one finished run's log, copy its returns (gzipped) and append its row."""
+    with open(os.path.join(args.run, 'log.txt')) as f:
+        log = f.read()
+    done = LAST_LINE.findall(log)
+    if not done:
+        raise SystemExit(f"{args.run}: its log has no 'training done' line (not finished?)")
+    frames, seconds, mean_lag, max_lag = done[-1]
+    players = PLAYERS.findall(log)
+    os.makedirs(args.data, exist_ok=True)
+    name = f"{args.game}_k{args.staleness}_seed{args.seed}.csv.gz"
+    with open(os.path.join(args.run, 'returns.csv'), 'rb') as src, \
+            gzip.open(os.path.join(args.data, name), 'wb') as dst:
+        shutil.copyfileobj(src, dst)
+    table = os.path.join(args.data, 'runs.csv')
+    rows = read_table(table) if os.path.exists(table) else []
+    rows = [r for r in rows if r['returns'] != name]      # a run added again replaces its row
+    rows.append(dict(game=args.game, seed=args.seed, players=players[-1] if players else '',
+                     staleness=args.staleness, env_ms=args.env_ms, frames=frames,
+                     seconds=seconds, mean_lag=mean_lag, max_lag=max_lag, returns=name))
+    with open(table, 'w', newline='') as f:
+        w = csv.DictWriter(f, FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{name}: lag {mean_lag} (max {max_lag}), {int(frames) / int(seconds):.0f} frames/s")
+
+
+def read_table(path):
+    with open(path, newline='') as f:
+        return list(csv.DictReader(f))
+
+
+def study(data=DATA, baseline_dir=BASELINE):
+    """The study's runs (rows of ``runs.csv`` with their ``score``, ``episodes`` and ``rate``)
+    and the lag-0 baseline, ``{game: [score of each one-player seed]}``."""
+    rows = read_table(os.path.join(data, 'runs.csv'))
+    for r in rows:
+        r['score'], r['episodes'] = window_score(os.path.join(data, r['returns']))
+        r['rate'] = int(r['frames']) / int(r['seconds'])
+    baseline = {}
+    for path in sorted(glob.glob(os.path.join(baseline_dir, '*_seed*.csv.gz'))):
+        game = re.match(r'(.+)_seed\d+\.csv\.gz', os.path.basename(path)).group(1)
+        if any(r['game'] == game for r in rows):
+            baseline.setdefault(game, []).append(window_score(path)[0])
+    return rows, baseline
+
+
+def learning_cost(lag, data=DATA, baseline_dir=BASELINE):
+    """Lines saying what the study measured nearest to a mean lag of ``lag`` updates, game by
+    game (``examples/tune_staleness.py`` prints them beside its throughput)."""
+    if not os.path.exists(os.path.join(data, 'runs.csv')):
+        return []
+    rows, baseline = study(data, baseline_dir)
+    lines = []
+    for game in sorted({r['game'] for r in rows}):
+        near = min((r for r in rows if r['game'] == game),
+                   key=lambda r: abs(np.log1p(float(r['mean_lag'])) - np.log1p(lag)))
+        base = baseline.get(game)
+        lines.append(f"  {game}: at a lag of {float(near['mean_lag']):.0f} updates (seed "
+                     f"{near['seed']}) DQN scored {near['score']:.2f} over 800k-1M frames" + (
+                         f", against {np.mean(base):.2f} ({min(base):.2f}-{max(base):.2f}, "
+                         f"{len(base)} seeds) with no lag" if base else ''))
+    return lines
+
+
+def report(args):
+    rows, baseline = study(args.data, args.baseline)
+    rows.sort(key=lambda r: (r['game'], float(r['mean_lag']), int(r['seed'])))
+    print("| game | seed | window | mean lag (max), updates | score, 800k-1M (episodes) | frames/s |")
+    print("|---|---|---|---|---|---|")
+    for game, scores in baseline.items():
+        print(f"| {game} | {len(scores)} seeds | one player, inline | 0 | "
+              f"{np.mean(scores):.2f} ({min(scores):.2f}-{max(scores):.2f}) | |")
+    for r in rows:
+        print(f"| {r['game']} | {r['seed']} | {r['staleness']} | {float(r['mean_lag']):.1f} "
+              f"({r['max_lag']}) | {r['score']:.2f} ({r['episodes']}) | {r['rate']:.0f} |")
+    if args.png:
+        plot(rows, baseline, args.png)
+
+
+def plot(rows, baseline, png):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    games = sorted({r['game'] for r in rows})
+    fig, axes = plt.subplots(1, len(games) + 1, figsize=(4.5 * (len(games) + 1), 3.6))
+    for ax, game in zip(axes, games):
+        own = [r for r in rows if r['game'] == game]
+        if game in baseline:
+            lo, hi = min(baseline[game]), max(baseline[game])
+            ax.axhspan(lo, hi, color='0.85', label=f"one player, inline ({len(baseline[game])} seeds)")
+        for seed in sorted({r['seed'] for r in own}):
+            pts = [(float(r['mean_lag']), r['score']) for r in own if r['seed'] == seed]
+            ax.plot(*zip(*pts), 'o', label=f"seed {seed}")
+        ax.set_xscale('symlog', linthresh=1)
+        ax.set_xlabel('mean policy lag of the data (learner updates)')
+        ax.set_ylabel('mean return, 800k-1M frames')
+        ax.set_title(game)
+        ax.legend(fontsize=7, loc='lower left')
+    ax = axes[-1]
+    for game in games:
+        pts = sorted((int(r['staleness']), r['rate']) for r in rows if r['game'] == game)
+        ax.plot(*zip(*pts), 'o', label=game)
+    ax.set_xscale('log')
+    ax.set_xlabel('maximum_staleness (step requests pending)')
+    ax.set_ylabel('frames/s (whole run)')
+    ax.set_title('throughput (--env-ms players)')
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"wrote {png}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest='command', required=True)
+    a = sub.add_parser('add', help="add a finished run (a directory with log.txt and returns.csv)")
+    a.add_argument('run')
+    a.add_argument('--game', required=True)
+    a.add_argument('--seed', type=int, required=True)
+    a.add_argument('--staleness', type=int, required=True, help='the run\'s --staleness')
+    a.add_argument('--env-ms', type=float, required=True, help='the run\'s --env-ms')
+    a.add_argument('--data', default=DATA)
+    r = sub.add_parser('report', help='the table (Markdown) and, with --png, the plot')
+    r.add_argument('--data', default=DATA)
+    r.add_argument('--baseline', default=BASELINE,
+                   help="one-player runs' returns files <game>_seed<S>.csv.gz (lag 0)")
+    r.add_argument('--png')
+    args = p.parse_args(argv)
+    add(args) if args.command == 'add' else report(args)
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,87 @@
+"""examples/staleness_learning.py: a run's log and returns become a row of the study, scored over
+the last 200k of its 1M frames; tune_staleness's learning lines name the nearest measured lag."""
+
+import csv
+import gzip
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'examples'))
+
+import staleness_learning  # noqa: E402
+
+
+def finished_run(directory, scores, mean_lag, max_lag):
+    """A run directory as the study's command leaves it: ``log.txt`` and ``returns.csv``;
+    ``scores``: (frame, score) rows."""
+    os.makedirs(directory)
+    with open(os.path.join(directory, 'returns.csv'), 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['frames', 'score'])
+        w.writerows(scores)
+    with open(os.path.join(directory, 'log.txt'), 'w') as f:
+        f.write("DQN (JAX) on MinAtar Breakout: 1000000 frames, seed 0, 4 players (staleness 64), "
+                "cpu learner; filling 5000 frames at random first\n"
+                f"training done: 1000000 frames, 123 games in 2000 s, mean policy lag "
+                f"{mean_lag} updates (max {max_lag})\n")
+    return str(directory)
+
+
+def baseline(directory, game, seed, score):
+    os.makedirs(directory, exist_ok=True)
+    with gzip.open(os.path.join(directory, f'{game}_seed{seed}.csv.gz'), 'wt') as f:
+        f.write('frames,score\n' + ''.join(f'{frame},{score}\n'
+                                           for frame in range(50_000, 1_000_001, 50_000)))
+
+
+def test_a_run_is_added_and_scored_over_its_last_200k_frames(tmp_path, capsys):
+    data, base = str(tmp_path / 'data'), str(tmp_path / 'base')
+    # Episodes before 800k score 100 and must not count; those in (800k, 1M] average 6.
+    scores = [(400_000, 100.0), (800_000, 100.0), (850_000, 4.0), (900_000, 8.0), (1_000_000, 6.0)]
+    run = finished_run(tmp_path / 'k64', scores, 61.5, 64)
+    staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '0', '--staleness', '64',
+                             '--env-ms', '2', '--data', data])
+    rows = staleness_learning.read_table(os.path.join(data, 'runs.csv'))
+    assert [(r['game'], r['staleness'], r['players'], r['mean_lag'], r['max_lag']) for r in rows] \
+        == [('breakout', '64', '4', '61.5', '64')]
+    assert staleness_learning.window_score(os.path.join(data, rows[0]['returns'])) == (6.0, 3)
+
+    # Added again (a rerun): its row is replaced, not doubled.
+    staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '0', '--staleness', '64',
+                             '--env-ms', '2', '--data', data])
+    assert len(staleness_learning.read_table(os.path.join(data, 'runs.csv'))) == 1
+
+    baseline(base, 'breakout', 0, 7.0)
+    baseline(base, 'breakout', 1, 9.0)
+    capsys.readouterr()
+    staleness_learning.main(['report', '--data', data, '--baseline', base])
+    out = capsys.readouterr().out
+    assert '| breakout | 2 seeds | one player, inline | 0 | 8.00 (7.00-9.00) | |' in out
+    assert '| breakout | 0 | 64 | 61.5 (64) | 6.00 (3) | 500 |' in out
+
+
+def test_the_learning_cost_names_the_run_of_the_nearest_lag(tmp_path):
+    data, base = str(tmp_path / 'data'), str(tmp_path / 'base')
+    for window, lag, score in [(4, 2.1, 8.0), (1024, 1000.0, 7.5), (16384, 16000.0, 3.0)]:
+        run = finished_run(tmp_path / f'k{window}', [(900_000, score)], lag, window)
+        staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '0',
+                                 '--staleness', str(window), '--env-ms', '2', '--data', data])
+    baseline(base, 'breakout', 0, 8.0)
+    lines = staleness_learning.learning_cost(700.0, data, base)
+    assert lines == ["  breakout: at a lag of 1000 updates (seed 0) DQN scored 7.50 over 800k-1M "
+                     "frames, against 8.00 (8.00-8.00, 1 seeds) with no lag"]
+    assert 'at a lag of 2 updates' in staleness_learning.learning_cost(0.0, data, base)[0]
+    assert staleness_learning.learning_cost(1.0, str(tmp_path / 'none'), base) == []
+
+
+def test_an_unfinished_run_is_refused(tmp_path):
+    run = tmp_path / 'cut'
+    os.makedirs(run)
+    (run / 'log.txt').write_text("progress: 5000 frames (800/s)\n")
+    (run / 'returns.csv').write_text("frames,score\n")
+    with pytest.raises(SystemExit, match='not finished'):
+        staleness_learning.main(['add', str(run), '--game', 'breakout', '--seed', '0',
+                                 '--staleness', '4', '--env-ms', '2', '--data', str(tmp_path / 'd')])
