@@ -173,10 +173,12 @@ def plot(runs, path, window):
                         label='_nolegend_' if several else f'seed {seed}',
                         color=f'C{colour}' if several else None)
             points, mean = seed_mean(curves)
-            n = len(curves)
+            # The seeds named: a table of some of them then reads against the right curve.
+            seeds = ', '.join(str(seed) for seed in sorted(curves))
+            name = f"mean of seed{'s' if len(curves) > 1 else ''} {seeds}" + (
+                ' (to the last frame all reached)' if len(curves) > 1 else '')
             ax.plot(points / 1e3, mean, lw=2.2, color=f'C{colour}',
-                    label=f"{variant}: mean of {n} seed{'s' if n > 1 else ''}" if several
-                    else f"mean of {n} seed{'s' if n > 1 else ''}")
+                    label=f"{variant}: {name}" if several else name)
         reached = max(p[-1] for curves in variants.values() for p, _ in curves.values())
         paper = [(f, s) for f, s in PAPER_DQN.get(game, []) if f <= 1.5 * reached]
         if paper:
@@ -186,7 +188,8 @@ def plot(runs, path, window):
         ax.set_xlabel('frames (thousands)')
         ax.set_ylabel(f'mean return of the last {window} training episodes')
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc='upper left')
+        # Lower right: the curves rise from the lower left, and the text reads their upper part.
+        ax.legend(fontsize=7, loc='lower right')
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
