@@ -79,6 +79,7 @@ import numpy as np
 from bench_population import load_reference   # the one loader of tensorpack's original
 from expreplay import ReplayMemory
 from expreplay.storage.sampling import Sampler
+from expreplay.storage.distribution import UniformDistribution
 from peer_buffers import cpprb_transitions, flashbax_flat, flashbax_sequences
 
 
@@ -345,7 +346,7 @@ def main():
     # The uniform twin: the same arrays (frames, flags, blocks) without the priority tree.
     mem = copy.copy(pmem)
     mem.ring = copy.copy(pmem.ring)
-    mem.ring.priorities = None
+    mem.ring.distribution = UniformDistribution()
     mem.sampler = Sampler(mem.ring)
     episodes = []
     t = time.perf_counter()

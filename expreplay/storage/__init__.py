@@ -2,6 +2,7 @@
 
 * :mod:`~expreplay.storage.memory`: :class:`ReplayMemory` (the ring, sampling, statistics);
 * :mod:`~expreplay.storage.writers`: :class:`LaneWriter` and :class:`BatchWriter` (the write path);
+* :mod:`~expreplay.storage.distribution`: how a sample draws, uniformly or by priority;
 * :mod:`~expreplay.storage.priority`: the sum tree behind prioritized sampling;
 * :mod:`~expreplay.storage.checkpoint`: ``save`` / ``load`` and the checks a loaded file passes;
 * :mod:`~expreplay.storage.stored_episodes`: what :meth:`ReplayMemory.episodes` returns.

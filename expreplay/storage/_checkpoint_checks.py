@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn, Protocol
 
 import numpy as np
 
@@ -38,7 +38,6 @@ class BlockRing(Protocol):
     epstep: np.ndarray
     reward: np.ndarray
     extras: dict[str, np.ndarray]
-    priorities: Any
 
     def history_index(self, slots: np.ndarray) -> np.ndarray: ...
 
@@ -59,15 +58,14 @@ def validate(ring: BlockRing, fail: Fail, chunk: int = 1 << 18) -> None:
       was taken from it (so no window runs past an episode's end);
     - a VALID slot's history frames are stored and consecutive steps of its episode;
     - rewards are finite (a NaN or inf reward would poison every n-step sum it enters), and so
-      are the values of float extra fields (the writers refuse both);
-    - a prioritized memory's tree holds exactly the VALID slots, with finite values within the
-      bound that keeps its sums finite (:meth:`expreplay.storage.priority.PriorityIndex.check_priorities`),
-      and so is its running maximum priority.
+      are the values of float extra fields (the writers refuse both).
+
+    The ring's sampling distribution checks its own state against these tables afterwards
+    (:meth:`expreplay.storage.distribution.SamplingDistribution.load_state`: a prioritized
+    memory's tree holds exactly the VALID slots, within the bound that keeps its sums finite).
     """
     _validate_blocks(ring, fail)
     _validate_slot_flags(ring, fail)
-    if ring.priorities is not None:
-        _validate_priorities(ring, fail)
     _validate_steps(ring, fail, chunk)
     _validate_histories(ring, fail, chunk)
 
@@ -140,23 +138,6 @@ def _validate_slot_flags(ring: BlockRing, fail: Fail) -> None:
     for name, arr in ring.extras.items():
         if arr.dtype.kind == 'f' and not np.isfinite(arr[written]).all():
             fail(f"inconsistent: extra field {name!r} holds a NaN or infinite value")
-
-
-def _validate_priorities(ring: BlockRing, fail: Fail) -> None:
-    """A prioritized ring's tree: exactly the VALID slots, within the bound."""
-    flags, prio = ring.flags[:ring.num_slots], ring.priorities
-    assert prio is not None
-    # Exactly the valid slots are in the tree (written slots only were loaded; the
-    # others are zeros), with finite positive values: the draw relies on both.
-    leaves = prio.tree.leaves
-    if not np.isfinite(leaves).all() or (leaves < 0).any():
-        fail("inconsistent: priorities that are negative or not finite")
-    if leaves.max(initial=0.0) > prio.max_value \
-            or prio.max_priority > prio.priority_bound:
-        fail(f"inconsistent: priorities above the bound that keeps the priority tree's sums "
-             f"finite (tree values <= {prio.max_value:.4g})")
-    if ((leaves > 0) != ((flags & _mem._VALID) != 0)).any():
-        fail("inconsistent: the priority table disagrees with the valid slots")
 
 
 def _validate_histories(ring: BlockRing, fail: Fail, chunk: int) -> None:

@@ -6,8 +6,10 @@
   tables, their invariants (I1-I7) and the block life cycle (claim, retire, evict);
 * :mod:`expreplay.storage.writers`: the write path (:class:`BatchWriter`, :class:`LaneWriter`),
   with the rules of what may be written in :mod:`expreplay.storage._inputs`;
-* :mod:`expreplay.storage.sampling`: the draws (uniform, prioritized), the n-step window and the
-  batches (:class:`SampleBatch`);
+* :mod:`expreplay.storage.sampling`: the uniform draw, the n-step window and the batches
+  (:class:`SampleBatch`);
+* :mod:`expreplay.storage.distribution`: how :meth:`ReplayMemory.sample` draws, uniformly or
+  by priority (a :class:`~expreplay.storage.distribution.SamplingDistribution` the ring keeps);
 * :mod:`expreplay.storage.priority`: the sum tree of a prioritized memory;
 * :mod:`expreplay.storage.checkpoint`: the checkpoint file format over the ring's exported
   state (:meth:`~expreplay.storage.ring.BlockRing.state` / ``load_state``).
@@ -34,6 +36,7 @@ from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_acti
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
 from ..interrupts import protect_memory
+from .distribution import PrioritizedDistribution, SamplingDistribution, UniformDistribution
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
 from .stored_episodes import StoredEpisodes, episode_starts, read_episode
@@ -114,11 +117,14 @@ class ReplayMemory:
         self.num_blocks = _num_blocks(self.max_size, self.block_size)
         self.num_slots = self.num_blocks * self.block_size
         self.ZERO_SLOT = self.num_slots          # the index of the all-zeros slot (I7)
-        _check_allocatable(self, extra, prioritized)
+        # The one place the flag is read: it chooses how samples are drawn, and the ring keeps
+        # that object in step with its tables from now on.
+        distribution = (PrioritizedDistribution(alpha, priority_eps) if prioritized
+                        else UniformDistribution())
+        _check_allocatable(self, extra, distribution)
         # The slot and block tables, shared by the writers, the sampler and the checkpoints.
         self.ring = BlockRing(self.num_blocks, self.block_size, self.history_len,
-                              self.state_shape, self.dtype, extra,
-                              (alpha, priority_eps) if prioritized else None)
+                              self.state_shape, self.dtype, extra, distribution)
         self.sampler = Sampler(self.ring)
         self._rng = np.random.default_rng()
         self._appender: TensorpackAppender | None = None
@@ -172,13 +178,12 @@ class ReplayMemory:
     @property
     def prioritized(self) -> bool:
         """Whether :meth:`sample` draws by priority."""
-        return self.ring.priorities is not None
+        return self.ring.distribution.prioritized
 
     @property
     def priority_settings(self) -> dict[str, float] | None:
         """``{'alpha': ..., 'priority_eps': ...}`` of a prioritized memory; None if uniform."""
-        p = self.ring.priorities
-        return None if p is None else {'alpha': p.alpha, 'priority_eps': p.eps}
+        return self.ring.distribution.settings
 
     def sample_batch(self, batch_size: int | float, rng: Any = None, layout: str = 'NHWC', *,
                      out: list[np.ndarray] | None = None) -> list[np.ndarray]:
@@ -279,16 +284,13 @@ class ReplayMemory:
                 (:meth:`~expreplay.storage.priority.PriorityIndex.check_priorities`: about
                 ``(1.8e308 / (2 * slots)) ** (1 / alpha)``). Nothing is changed then.
         """
-        if self.ring.priorities is None:
-            raise ValueError("update_priorities needs a prioritized memory "
-                             "(ReplayMemory(..., prioritized=True))")
         return self.sampler.update_priorities(
-            *self.ring.priorities.check_update(indices, priorities))
+            *self.ring.distribution.check_update(indices, priorities))
 
     @property
     def stale_priority_updates(self) -> int:
         """:meth:`update_priorities` entries skipped so far (their slot was evicted/rewritten)."""
-        return 0 if self.ring.priorities is None else self.ring.priorities.stale_updates
+        return self.ring.distribution.stale_updates
 
     # ------------------------------------------------------------------ whole episodes
     def episodes(self) -> StoredEpisodes:
@@ -456,11 +458,12 @@ def _priority_args(alpha: Any, priority_eps: Any) -> tuple[float, float]:
     return alpha, priority_eps
 
 
-def _check_allocatable(mem: ReplayMemory, extra: Mapping[str, np.dtype], prioritized: bool) -> None:
+def _check_allocatable(mem: ReplayMemory, extra: Mapping[str, np.dtype],
+                       distribution: SamplingDistribution) -> None:
     """Refuse a memory that can not be allocated (:func:`check_allocatable`), naming its size."""
     frame_bytes = int(np.prod(mem.state_shape)) * mem.dtype.itemsize
     per_step = (frame_bytes + 13 + sum(d.itemsize for d in extra.values())
-                + (17 if prioritized else 0))     # the class docstring's memory use
+                + distribution.bytes_per_slot)     # the class docstring's memory use
     check_allocatable(
         (mem.num_slots + 1) * per_step,
         f"ReplayMemory(max_size={mem.max_size}) of {mem.state_shape} {mem.dtype} frames",

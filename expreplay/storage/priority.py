@@ -17,7 +17,8 @@ numpy calls per level. A tree uses it for every operation or (without it) numpy 
 never a mix: an inner node is a function of its children, but the two sum them in a
 different order, so they may differ in the last bit.
 
-:class:`PriorityIndex` is what :class:`expreplay.ReplayMemory` holds when it is prioritized:
+:class:`PriorityIndex` is the state of a prioritized memory's sampling distribution
+(:class:`~expreplay.storage.distribution.PrioritizedDistribution`):
 the tree over the memory's slots, the exponent ``alpha``, the running maximum priority new
 steps enter with, and the memory's hooks (:meth:`PriorityIndex.on_publish`,
 :meth:`PriorityIndex.on_evict`). All its methods run under the memory's lock.

@@ -39,11 +39,12 @@ I7  Slot ``zero_slot`` (the last one) is never written and stays zeros: history 
     before an episode's first frame point at it, so one fancy index gathers padded states.
 
 Frames are written outside the lock (a memcpy the writer owns, I1) and published under it by
-updating ``block_fill`` / VALID (:meth:`BlockRing.publish`); a sampler holds the lock while it
+updating ``block_fill`` / VALID (:meth:`BlockRing.append`); a sampler holds the lock while it
 gathers, so an evicted block can not be rewritten under a sample that is reading it.
-A prioritized ring keeps a :class:`~expreplay.storage.priority.PriorityIndex` (``priorities``,
-None when uniform) in step with VALID: :meth:`BlockRing.publish` enters the steps that became
-VALID, :meth:`BlockRing.claim_block`'s eviction removes the slots it invalidates. A sample
+The ring's :class:`~expreplay.storage.distribution.SamplingDistribution` (``distribution``:
+uniform, or prioritized with its priority tree) is kept in step with VALID under the same lock:
+the publishing of steps tells it which became VALID (``on_publish``), an eviction which stopped
+being VALID (``on_evict``); a checkpoint exports and loads its state with the tables. A sample
 token is ``block_gen * num_slots + slot`` (:meth:`BlockRing.tokens`): a slot rewritten since it
 was sampled has a newer generation.
 
@@ -77,6 +78,7 @@ import numpy as np
 from .. import _kernels
 from ._checkpoint_checks import validate
 from ._slots import _ACTIVE, _FREE, _RETIRED, _VALID
+from .distribution import SamplingDistribution
 from .priority import PriorityIndex
 
 
@@ -85,7 +87,7 @@ __all__ = ['BlockRing', 'TABLES', 'EXTRA_PREFIX']
 # The tables :meth:`BlockRing.state` exports, name (the ring's attribute) -> kind: ``block``
 # tables have a row per block, ``queue`` ones are the free list and the eviction FIFO (block
 # numbers), ``slot`` ones a row per slot. The extra fields follow as ``extra.<field>`` slot
-# tables, and a prioritized ring's priority leaves as the ``priority`` slot table.
+# tables, then the sampling distribution's (a prioritized one's leaves: the ``priority`` table).
 TABLES = {
     'block_fill': 'block', 'block_prev': 'block', 'block_next': 'block',
     'block_prev_intact': 'block', 'block_state': 'block', 'block_gen': 'block',
@@ -148,7 +150,8 @@ class BlockRing(_LaneGeometry):
         history_len: frames in a state.
         state_shape, dtype: one frame's.
         extra_fields: name -> dtype of the extra per-step fields (one slot table each).
-        priorities: ``(alpha, eps)`` for a prioritized ring, None for a uniform one.
+        distribution: how samples are drawn (uniform or prioritized); the ring resets it to
+            its new tables and keeps it in step with them (the module docstring).
     """
 
     # Set by _set_new (at construction, and by a load that failed).
@@ -156,12 +159,11 @@ class BlockRing(_LaneGeometry):
     retired: collections.deque[int]
     num_valid: int
     num_steps_written: int
-    priorities: PriorityIndex | None
 
     def __init__(self, num_blocks: int, block_size: int, history_len: int,
                  state_shape: tuple[int, ...], dtype: np.dtype,
                  extra_fields: Mapping[str, np.dtype],
-                 priorities: tuple[float, float] | None = None) -> None:
+                 distribution: SamplingDistribution) -> None:
         self.num_blocks, self.block_size, self.history_len = num_blocks, block_size, history_len
         self.state_shape, self.dtype = state_shape, dtype
         self.num_slots = num_blocks * block_size
@@ -183,8 +185,15 @@ class BlockRing(_LaneGeometry):
         self.block_gen = np.empty(num_blocks, np.int64)      # +1 at every claim
         # Block arrays of writers collected unclosed (queued by their finalizers, lock-free).
         self.abandoned: collections.deque[np.ndarray] = collections.deque()
-        _set_new(self, priorities)   # free, retired, num_valid, num_steps_written, priorities
+        self.distribution = distribution
+        _set_new(self)   # free, retired, num_valid, num_steps_written, the distribution's state
         self.lock = threading.Lock()
+
+    @property
+    def priorities(self) -> PriorityIndex | None:
+        """The prioritized distribution's priority index (tree, running maximum), for
+        reading; None for a uniform ring."""
+        return self.distribution.priorities
 
     # ------------------------------------------------------------------ writing (writers)
     def reserve(self, prev_block: int) -> int:
@@ -289,13 +298,12 @@ class BlockRing(_LaneGeometry):
         self._published(slots[valid], int(np.count_nonzero(valid)), written)
 
     def _published(self, slots: np.ndarray | int | None, valid: int, written: int) -> None:
-        """``valid`` steps, taken from ``slots``, became VALID (and enter the priority tree),
-        among ``written`` steps added (``slots`` may be None for a uniform ring). Under the
-        lock, their flags set."""
+        """``valid`` steps, taken from ``slots``, became VALID (and enter the distribution),
+        among ``written`` steps added (``slots`` may be None when the distribution does not
+        track slots). Under the lock, their flags set."""
         self.num_valid += valid
         self.num_steps_written += written
-        if self.priorities is not None and slots is not None:
-            self.priorities.on_publish(slots)
+        self.distribution.on_publish(slots)
 
     # ------------------------------------------------------------------ the C kernel (delegated)
     def bind_kernel(self, cursors: tuple[np.ndarray, ...]) -> Any:
@@ -323,8 +331,7 @@ class BlockRing(_LaneGeometry):
             # _published's work for one step, inline: this is the single lane's hot path.
             self.num_valid += 1
             self.num_steps_written += 1
-            if self.priorities is not None:
-                self.priorities.on_publish(cur)
+            self.distribution.on_publish(cur)
         return True
 
     def kernel_start(self, store: Any, frame: Any) -> bool:
@@ -339,8 +346,8 @@ class BlockRing(_LaneGeometry):
                      extras: Mapping[str, np.ndarray] | None) -> bool:
         """A step of many lanes by the bound ``store``, as :meth:`append` would store them
         (none ending an episode); ``taken``: the lanes' current slots when the ring needs them
-        (extras, a priority tree), which get ``extras`` here under the same hold of the lock.
-        False, nothing changed, when the kernel declines."""
+        (extras, a distribution that tracks slots), which get ``extras`` here under the same
+        hold of the lock. False, nothing changed, when the kernel declines."""
         with self.lock:
             try:
                 n = store.steps(lanes, actions, frames, rewards, terminated, truncated)
@@ -385,8 +392,7 @@ class BlockRing(_LaneGeometry):
             self.flags[s_lo:s_lo + n][broken] &= ~np.uint8(_VALID)
             broken_slots = s_lo + np.flatnonzero(broken)
             self.block_prev[succ] = -1
-        if self.priorities is not None:
-            self.priorities.on_evict(lo, lo + self.block_size, broken_slots)
+        self.distribution.on_evict(lo, lo + self.block_size, broken_slots)
         self.block_prev[block] = -1
         self.block_next[block] = -1
         self.block_state[block] = _FREE
@@ -394,10 +400,11 @@ class BlockRing(_LaneGeometry):
     # ------------------------------------------------------------------ exported state
     def state(self) -> tuple[dict[str, Any], dict[str, tuple[np.dtype, tuple[int, ...], list[np.ndarray]]]]:
         """What a checkpoint stores: ``(counters, tables)``; ``counters``: ``num_valid``,
-        ``num_steps_written`` and a prioritized ring's :meth:`PriorityIndex.state`; ``tables``: name -> (dtype, shape,
-        chunks) of every table in :data:`TABLES` order, then the extra fields
-        (``extra.<name>``) and a prioritized ring's ``priority`` leaves. Slot tables hold the
-        written slots only (chunks are views of each written block's rows, in block order);
+        ``num_steps_written`` and the distribution's :meth:`~SamplingDistribution.state`;
+        ``tables``: name -> (dtype, shape, chunks) of every table in :data:`TABLES` order, then
+        the extra fields (``extra.<name>``) and the distribution's tables (a prioritized one's
+        ``priority`` leaves). Slot tables hold the written slots only (chunks are views of
+        each written block's rows, in block order);
         active blocks are exported retired (newest last), as after their writers' ``close()``.
         Caller holds the lock (the chunks are views)."""
         return _export_state(self)
@@ -419,30 +426,27 @@ class BlockRing(_LaneGeometry):
         ``source`` supplies the tables: ``source.read_into(name, targets, dtype, shape)`` fills
         the C-contiguous ``targets`` in order, ``source.read_queue(name, max_len)`` returns a
         queue's int64 array, ``source.missing`` names tables its format lacks (they keep their
-        initial value), and ``source.fail(problem)`` raises. Counters and priority settings
-        come from ``counters`` (``num_valid``, ``num_steps_written``; for a prioritized ring
+        initial value), and ``source.fail(problem)`` raises. Counters come from ``counters``
+        (``num_valid``, ``num_steps_written``, and the distribution's: for a prioritized ring
         ``max_priority`` and ``stale_priority_updates``).
         """
-        priorities = self.priorities
         try:
             _load_state(self, counters, source)
         except BaseException:
-            _set_new(self, None if priorities is None else (priorities.alpha, priorities.eps))
+            _set_new(self)
             raise
 
     def tables(self) -> list[tuple[str, Any, str]]:
         """(name, array, kind) of every exported table (see :data:`TABLES`), for reading."""
         out = [(name, getattr(self, name), kind) for name, kind in TABLES.items()]
         out += [(EXTRA_PREFIX + field, arr, 'slot') for field, arr in self.extras.items()]
-        if self.priorities is not None:
-            out.append(('priority', self.priorities.leaves, 'slot'))
-        return out
+        return out + self.distribution.tables()
 
 
 def _export_state(ring: BlockRing) -> tuple[dict[str, Any], dict[str, tuple[np.dtype, tuple[int, ...], list[np.ndarray]]]]:
     """:meth:`BlockRing.state`."""
-    if ring.priorities is not None:
-        ring.priorities.flush()       # steps published since the last sample enter the tree
+    # First: the distribution enters what is pending into its tables, read below.
+    distribution_counters = ring.distribution.state()
     bs = ring.block_size
     written = np.flatnonzero(ring.block_fill).tolist()
     rows = int(ring.block_fill.sum())
@@ -461,9 +465,8 @@ def _export_state(ring: BlockRing) -> tuple[dict[str, Any], dict[str, tuple[np.d
         else:
             out[name] = (arr.dtype, arr.shape, [arr])
     counters: dict[str, Any] = dict(num_valid=ring.num_valid,
-                                    num_steps_written=ring.num_steps_written)
-    if ring.priorities is not None:
-        counters.update(ring.priorities.state())
+                                    num_steps_written=ring.num_steps_written,
+                                    **distribution_counters)
     return counters, out
 
 
@@ -488,15 +491,12 @@ def _load_state(ring: BlockRing, counters: Mapping[str, Any], source: Any) -> No
                              (rows,) + arr.shape[1:])
     ring.num_valid = counters['num_valid']
     ring.num_steps_written = counters['num_steps_written']
-    if ring.priorities is not None:
-        ring.priorities.load_state(counters['max_priority'],
-                                   counters['stale_priority_updates'])
     validate(ring, source.fail)
-    if ring.priorities is not None:
-        ring.priorities.rebuild()
+    # After the ring's checks: the distribution checks its state against the VALID flags.
+    ring.distribution.load_state(counters, source.fail)
 
 
-def _set_new(ring: BlockRing, priorities: tuple[float, float] | None) -> None:
+def _set_new(ring: BlockRing) -> None:
     """A ring nothing was written to, its tables set in place (writers and samplers keep
     the arrays they bound): at construction, and after a :meth:`BlockRing.load_state` that failed
     part-way. Slot rows stay as they are: garbage of free blocks (I2)."""
@@ -508,5 +508,4 @@ def _set_new(ring: BlockRing, priorities: tuple[float, float] | None) -> None:
     ring.retired = collections.deque()
     ring.num_valid = 0
     ring.num_steps_written = 0       # all steps ever added, for statistics
-    ring.priorities = (None if priorities is None else
-                       PriorityIndex(ring.num_slots, *priorities, ring.flags, _VALID))
+    ring.distribution.reset(ring.flags)

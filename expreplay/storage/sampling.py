@@ -1,5 +1,8 @@
-"""Sampling the replay memory's ring: the draws (uniform, prioritized), the n-step window, the
-states' gather, and the batches they make (:class:`SampleBatch`, tensorpack's 4-list).
+"""Sampling the replay memory's ring: the uniform draw, the n-step window, the states' gather,
+and the batches they make (:class:`SampleBatch`, tensorpack's 4-list). Which slots a
+:meth:`ReplayMemory.sample` draws is the ring's sampling distribution's choice
+(:mod:`expreplay.storage.distribution`: uniform, through :meth:`Sampler.draw_uniform`, or by
+priority); ``sample_batch`` always draws uniformly.
 
 What may be drawn is the ring's VALID rule (I3 in :mod:`expreplay.storage.ring`): a slot is
 drawn only when it is VALID, and everything a transition reads from it follows from the
@@ -120,22 +123,14 @@ class Sampler:
     def n_step_batch(self, batch_size: int, n_step: int, gamma: float, beta: float | None,
                      layout: str, rng: Any, out: SampleBatch | None,
                      weight_norm: str = 'memory') -> SampleBatch:
-        """A :class:`SampleBatch` of n-step transitions (by priority when the ring has them)."""
+        """A :class:`SampleBatch` of n-step transitions, drawn by the ring's distribution."""
         ring = self.ring
         shape = self.state_shape(batch_size, ring.history_len, layout)
         kernel = self.kernel(ring.history_len, layout)
-        prio = ring.priorities
         with ring.lock:
             self.check_batch_size(batch_size)
-            weights = None
-            if prio is not None:
-                prio.flush()
-                slots = prio.draw(batch_size, rng)
-                weights = None if beta is None else prio.weights(slots, beta)
-                if weights is not None and weight_norm == 'batch':
-                    weights = weights / weights.max()
-            else:
-                slots = self.draw_uniform(batch_size, rng)
+            slots, weights = ring.distribution.draw(batch_size, rng, beta, weight_norm,
+                                                    self.draw_uniform)
             if kernel is not None:
                 if out is None:
                     out = self.empty_sample(batch_size, shape)
@@ -226,13 +221,12 @@ class Sampler:
         return kernel
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:
-        """Set the priorities (float64, checked) of the transitions of sample tokens
-        ``indices`` (int64, >= 0); skip those rewritten since. Returns the skipped count."""
-        ring, prio = self.ring, self.ring.priorities
-        assert prio is not None
+        """Set the priorities (float64) of the transitions of sample tokens ``indices``
+        (int64), both checked by the distribution's ``check_update``; skip those rewritten
+        since. Returns the skipped count."""
+        ring = self.ring
         with ring.lock:
-            prio.flush()
-            return prio.update(indices, priorities, ring.block_gen, ring.block_size)
+            return ring.distribution.update(indices, priorities, ring.block_gen, ring.block_size)
 
     # ------------------------------------------------------------------ draws
     def draw_uniform(self, n: int, rng: Any) -> np.ndarray:

@@ -198,8 +198,9 @@ class BatchWriter:
             store = self._store = ring.bind_kernel(self._cursors())
             if store is None:
                 return False
-        # The slots the steps are taken from (published by the kernel), for the ring's hooks.
-        taken = self._cur_slot[lanes] if ring.priorities is not None or extras else None
+        # The slots the steps are taken from (published by the kernel), gathered only when the
+        # ring needs them: for the extras, or for a distribution that tracks slots.
+        taken = self._cur_slot[lanes] if extras or ring.distribution.tracks_slots else None
         return ring.kernel_steps(store, lanes, actions, next_frames, rewards, terminated,
                                  truncated, taken, extras)
 
