@@ -117,9 +117,10 @@ def train(args, num_actions):
         args, get_player=training_players(args), players=args.players, state_shape=FRAME_SHAPE,
         history=HISTORY, dtype='uint8', init_memory_size=args.init_memory_size,
         training_steps=args.max_epoch * args.steps_per_epoch,
-        maximum_staleness=args.maximum_staleness,
-        runner_kwargs={'life_loss_terminal': not args.no_life_loss},
-        manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None,
+        acting=dict(
+            maximum_staleness=args.maximum_staleness,
+            runner_kwargs={'life_loss_terminal': not args.no_life_loss},
+            manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None),
         # Saved when training ends (and every k epochs); --resume loads it instead of refilling.
         checkpoint_dir=args.logdir, checkpoint_every_k_epochs=args.save_memory_every or None)
     callbacks = [

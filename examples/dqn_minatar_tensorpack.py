@@ -171,10 +171,11 @@ def train(args):
         args, get_player=lambda: make_env(args.game),
         players=1,   # the paper's one env, stepped inline by FeedInput's next()
         state_shape=(10, 10, channels), history=1, dtype='bool', init_memory_size=args.replay_start,
-        training_steps=args.frames / uf, gamma=args.gamma, weight_norm=args.weight_norm,
+        training_steps=args.frames / uf, gamma=args.gamma,
+        sampling=dict(weight_norm=args.weight_norm), acting=dict(on_episode_end=episodes),
         # The paper alternates a frame and an update: drawn ahead, batches would let the env
         # run ahead of the learner's weights.
-        prefetch=0, on_episode_end=episodes)
+        prefetch=0)
     budget = FrameBudget(replay, episodes, args)
     model = (PrioritizedNStepMinAtarDQN if args.prioritized or args.n_step > 1 else MinAtarDQN)(
         channels, num_actions, args)

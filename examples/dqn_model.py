@@ -178,8 +178,9 @@ class DQNModel(ModelDesc):
 
 
 class PrioritizedNStepMixin:
-    """Train a :class:`DQNModel` on the n-step, prioritized batches of ``ExpReplay(n_step=...,
-    prioritized=True)``: ``class Model(PrioritizedNStepMixin, DQNModel)``.
+    """Train a :class:`DQNModel` on the n-step, prioritized batches of ``ExpReplay(...,
+    memory=ReplayMemory(..., prioritized=True), sampling=Sampling(..., n_step=3))``:
+    ``class Model(PrioritizedNStepMixin, DQNModel)``.
 
     Inputs: the fields of :class:`expreplay.storage.memory.SampleBatch` (``state``, ``action``,
     ``reward``, ``next_state``, ``discount``, ``is_over``, ``sample_indices``, ``is_weights``).

@@ -34,7 +34,9 @@ from tensorpack import (Callback, ObjAttrParam, PeriodicTrigger, RunOp,  # noqa:
                         ScheduledHyperParamSetter, logger)
 
 import expreplay  # noqa: E402
+from expreplay import Population, ReplayMemory, Sampling  # noqa: E402
 from expreplay.interrupts import stop_on_signals  # noqa: E402
+from expreplay.tensorpack_io import CLOSE_TIMEOUT  # noqa: E402
 
 
 # ---------------------------------------------------------------------------- the replay
@@ -47,15 +49,22 @@ def linear_beta(start, training_steps):
 
 
 def make_replay(args, *, get_player, players, state_shape, history, dtype, init_memory_size,
-                training_steps, gamma=0.99, **options):
-    """``expreplay.ExpReplay`` as the examples build it.
+                training_steps, gamma=0.99, acting=None, sampling=None, **options):
+    """``expreplay.ExpReplay`` as the examples build it: tensorpack's arguments, and the
+    memory, the sampling and the population that hold the rest.
 
     From ``args`` (the flags the three examples share): ``batch_size``, ``memory_size``,
-    ``update_frequency`` (agent steps per training step), ``seed``, ``n_step``,
-    ``prioritized``, ``alpha`` and ``beta`` (its start, annealed to 1 over
-    ``training_steps``). ``options`` go to ExpReplay as they are (``checkpoint_dir``,
-    ``prefetch``, ``on_episode_end``, ``runner_kwargs``, ...).
+    ``update_frequency`` (agent steps per training step), ``seed`` (the players' and the
+    draws'), ``n_step``, ``prioritized``, ``alpha`` and ``beta`` (its start, annealed to 1 over
+    ``training_steps``). ``acting``: more options of the ``Population`` (``maximum_staleness``,
+    ``runner_kwargs``, ``manager_kwargs``, ``on_episode_end``, ...); ``sampling``: more of the
+    ``Sampling`` (``weight_norm``, ...); ``options`` go to ExpReplay as they are
+    (``checkpoint_dir``, ``checkpoint_every_k_epochs``, ``prefetch``).
     """
+    acting = dict(acting or {})
+    # ExpReplay's close timeout (its own population's): the threads end before the Session.
+    acting['manager_kwargs'] = dict({'close_timeout': CLOSE_TIMEOUT},
+                                    **(acting.get('manager_kwargs') or {}))
     return expreplay.ExpReplay(
         predictor_io_names=(['state'], ['Qvalue']),   # the model's input and output tensors
         get_player=get_player,
@@ -67,9 +76,17 @@ def make_replay(args, *, get_player, players, state_shape, history, dtype, init_
         update_frequency=args.update_frequency,
         history_len=history,
         state_dtype=dtype,
-        seed=args.seed,
-        n_step=args.n_step, gamma=gamma, prioritized=args.prioritized, alpha=args.alpha,
-        beta=linear_beta(args.beta, training_steps) if args.prioritized else None,
+        memory=ReplayMemory(args.memory_size, state_shape, history, dtype,
+                            prioritized=args.prioritized, alpha=args.alpha),
+        sampling=Sampling(
+            args.batch_size, args.update_frequency, n_step=args.n_step, gamma=gamma,
+            beta=linear_beta(args.beta, training_steps) if args.prioritized else None,
+            seed=args.seed,
+            # DQNModel reads tensorpack's 4-list; the models of n-step or prioritized replay
+            # (PrioritizedNStepMixin) read a SampleBatch.
+            batch_format='transitions' if args.n_step > 1 or args.prioritized else 'tensorpack',
+            **(sampling or {})),
+        population=Population(get_player, players, seed=args.seed, **acting),
         **options)
 
 

@@ -19,7 +19,9 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Literal
+from typing import Any, Callable
+
+import numpy as np
 
 from ._extras import extra_import_error
 
@@ -63,13 +65,13 @@ try:
 except ImportError as err:
     raise extra_import_error('ExpReplay', 'tensorpack', err) from err
 
-from ._checks import check_dtype, check_int  # noqa: E402
+from ._checks import check_bool, check_int  # noqa: E402
 from .acting.population import Population  # noqa: E402
 from .storage.memory import ReplayMemory  # noqa: E402
 from .stream.replay_stream import ReplayStream  # noqa: E402
 from .stream.sampling import Sampling  # noqa: E402
 
-__all__ = ['ExpReplay']
+__all__ = ['ExpReplay', 'CLOSE_TIMEOUT']
 
 
 class _ToTensorpackLog(logging.Handler):
@@ -98,70 +100,87 @@ def _tensorpack_progress(total: int, desc: str) -> Any:
     return get_tqdm(total=total, desc=desc)
 
 
+#: Seconds ExpReplay's own population waits for its threads when training ends (the manager's
+#: ``close_timeout``). Waiting for a simulator thread to finish its env step or predictor call
+#: is cheap then, and a thread left running would call a closed Session: give a population
+#: you pass in ``manager_kwargs={'close_timeout': CLOSE_TIMEOUT}`` too.
+CLOSE_TIMEOUT = 60.0
+
+
 class ExpReplay(DataFlow, Callback):
     """Experience replay for DQN in tensorpack: a :class:`DataFlow` of batches and a :class:`Callback`.
 
-    Arguments are those of tensorpack's ``examples/DeepQNetwork/expreplay.py``, plus keyword
-    arguments with defaults; it builds the :class:`~expreplay.ReplayMemory`, the
-    :class:`~expreplay.acting.population.Population` and the
-    :class:`~expreplay.stream.sampling.Sampling` of a :class:`~expreplay.stream.ReplayStream`
-    from them (:attr:`stream`). As a **DataFlow** it yields ``[comb_state, action, reward,
-    isOver]`` batches forever (with ``n_step > 1`` or ``prioritized=True``, the eight fields of
-    a :class:`~expreplay.storage.sampling.SampleBatch`), once the memory holds ``init_memory_size`` transitions, and per
-    batch it has ``update_frequency`` transitions inserted: ``batch_size`` sampled transitions
-    per ``update_frequency`` inserted ones, whatever the player (see
+    A :class:`~expreplay.stream.ReplayStream` (:attr:`stream`) of three parts, each owning its
+    settings: a :class:`~expreplay.ReplayMemory`, a :class:`~expreplay.stream.sampling.Sampling`
+    and a :class:`~expreplay.acting.population.Population`. tensorpack's arguments (those of
+    ``examples/DeepQNetwork/expreplay.py``) build the plain ones; for any other setting pass the
+    part itself (``memory=``, ``sampling=``, ``population=``), which replaces the one they would
+    build and must agree with them (ValueError naming both otherwise).
+
+    As a **DataFlow** it yields ``[comb_state, action, reward, isOver]`` batches forever (the
+    sampling's ``batch_format``: the eight fields of a
+    :class:`~expreplay.storage.sampling.SampleBatch` for a prioritized memory or a sampling
+    passed in with the default ``'transitions'``), once the memory holds ``init_memory_size``
+    transitions, and per batch it has ``update_frequency`` transitions inserted: ``batch_size``
+    sampled transitions per ``update_frequency`` inserted ones, whatever the player (see
     :mod:`expreplay.stream.replay_stream` for the exact bound; its prefetch thread draws the
     batches ahead, ``prefetch``). It is not fork-safe: use it with ``QueueInput`` or
     ``FeedInput``, not a multiprocess prefetcher.
 
-    As a **Callback** it takes its predictor from the trainer (``_setup_graph``), builds
-    ``num_parallel_players`` runners and fills the memory before training (``_before_train``),
-    reports statistics to the trainer's monitors after every epoch (``_trigger``), and stops
-    every simulator thread when training ends (``_after_train``), saving the memory first if
-    ``checkpoint_dir`` is set.
+    As a **Callback** it takes its predictor from the trainer (``_setup_graph``), starts the
+    population's ``num_parallel_players`` runners and fills the memory before training
+    (``_before_train``), reports statistics to the trainer's monitors after every epoch
+    (``_trigger``), and stops every simulator thread when training ends (``_after_train``),
+    saving the memory first if ``checkpoint_dir`` is set.
 
     Set :attr:`exploration` (epsilon) directly or with
     ``ScheduledHyperParamSetter(ObjAttrParam(expreplay, 'exploration'), ...)``: the runners use
-    the value from their next step on.
+    the value from their next step on. The other settings are read from the parts:
+    ``expreplay.stream.sampling.batch_size``, ``expreplay.stream.population.seed``,
+    ``expreplay.mem.max_size``, ``expreplay.stream.maximum_staleness``...
 
     Args:
         predictor_io_names (tuple[list[str], list[str]]): input and output tensor names of the
             Q-network, e.g. ``(['state'], ['Qvalue'])``, passed to ``trainer.get_predictor``.
             A callable is accepted too and used as the predictor as is (no trainer needed).
-        get_player (callable): returns a new environment (see ``Population``'s ``get_player``);
-            one is built here, to check its observation space against ``state_shape`` and
-            ``state_dtype``.
-        num_parallel_players (int): the Population's ``num_players``.
-        state_shape (tuple): shape of one observation frame (without history); the memory's.
-        batch_size (int): transitions per batch.
-        memory_size (int): transitions kept in the replay memory (its ``max_size``).
-        init_memory_size (int): transitions in the memory before training starts.
-        update_frequency (int): transitions inserted per batch (whatever the player).
-        history_len (int): frames per state.
-        state_dtype: numpy dtype of the stored frames (the memory's ``dtype``).
-        maximum_staleness (int): step requests that may be pending; None: the stream's
-            default (:attr:`ReplayStream.maximum_staleness`: ``2 * update_frequency``, as the
-            reference).
-        exploration (float): initial epsilon (1.0, as the reference).
-        seed (int): seeds the batch sampling and the environments' first resets.
-        layout, n_step, gamma, beta, weight_norm, samples_per_insert: the
-            :class:`~expreplay.stream.sampling.Sampling`'s.
-        prioritized, alpha, priority_eps: the :class:`~expreplay.ReplayMemory`'s.
-        checkpoint_dir (str): directory for the memory checkpoint (the stream's). A training
-            started with a directory that holds one loads it into the memory built here
-            instead of filling it again (it must have these settings, ``alpha`` and
-            ``priority_eps`` included); the memory is saved there when training ends.
+        get_player (callable): the population's ``get_player``.
+        num_parallel_players (int): the population's ``num_players``.
+        state_shape (tuple): the memory's ``state_shape`` (one frame, without history).
+        batch_size (int): the sampling's ``batch_size``.
+        memory_size (int): the memory's ``max_size``.
+        init_memory_size (int): the stream's ``init_memory_size``: transitions in the memory
+            before training starts.
+        update_frequency (int): the sampling's ``update_frequency`` (None with a ``sampling``
+            of ``samples_per_insert``).
+        history_len (int): the memory's ``history_len``.
+        state_dtype: the memory's ``dtype``.
+        memory (ReplayMemory): instead of ``ReplayMemory(memory_size, state_shape,
+            history_len, state_dtype)``: for prioritized replay (``prioritized``, ``alpha``,
+            ``priority_eps``) or any other option of the memory.
+        sampling (Sampling): instead of ``Sampling(batch_size, update_frequency)`` (whose
+            batches are tensorpack's 4-list from a uniform memory, SampleBatches from a
+            prioritized one): for ``n_step``, ``gamma``, ``beta``, ``weight_norm``,
+            ``layout``, ``seed``, ``samples_per_insert`` or ``batch_format``. Give it
+            ``batch_format='tensorpack'`` for a model of tensorpack's four inputs.
+        population (Population): instead of ``Population(get_player, num_parallel_players)``:
+            for ``exploration``, ``maximum_staleness``, ``seed``, ``episode_starts``,
+            ``episode_log_dir``, ``on_episode_end``, ``runner_kwargs`` or ``manager_kwargs``.
+            Built without a predictor: ExpReplay gives it the trainer's (or
+            ``predictor_io_names`` when that is a callable). The one built here waits
+            :data:`CLOSE_TIMEOUT` s for its threads when training ends; one passed in keeps
+            its own ``manager_kwargs``.
+        checkpoint_dir (str): the stream's ``checkpoint_dir``. A training started with a
+            directory that holds a checkpoint loads it into the memory instead of filling it
+            again (it must have the memory's settings); the memory is saved there when
+            training ends.
         checkpoint_every_k_epochs (int): also save the memory every k epochs (e.g. as often
             as ``ModelSaver`` saves the model, so that a crash resumes from a matching pair).
             None: only at the end.
-        runner_kwargs, episode_starts, on_episode_end: the Population's.
-        manager_kwargs (dict): the Population's; ``close_timeout`` defaults to 60 s here:
-            training ends only once every thread is joined.
-        episode_log_dir (str): the Population's, where ``episodes.jsonl`` is written. None
-            (default): tensorpack's log directory (``logger.get_logger_dir()``, read when
-            training starts), if one is set; False: no episode log.
-        prefetch (int): the ReplayStream's (None: its default, 4 with several vector players,
-            else 0: :func:`~expreplay.stream.replay_stream.default_prefetch`).
+        episode_log_in_logger_dir (bool): when the population has no ``episode_log_dir``,
+            write its ``episodes.jsonl`` to tensorpack's log directory
+            (``logger.get_logger_dir()``, read when training starts), if one is set. False: no
+            episode log but the population's own.
+        prefetch (int): the stream's ``prefetch`` (None: its default).
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
     the games finished in the epoch (only when some did), ``games``, ``mean_episode_length``,
@@ -178,18 +197,12 @@ class ExpReplay(DataFlow, Callback):
     def __init__(self, predictor_io_names: Any, get_player: Callable[[], Any],
                  num_parallel_players: int, state_shape: tuple[int, ...], batch_size: int,
                  memory_size: int, init_memory_size: int, update_frequency: int | None,
-                 history_len: int, state_dtype: Any = 'uint8',
-                 maximum_staleness: int | None = None, *, exploration: float = 1.0,
-                 seed: int | None = None, layout: str = 'NHWC',
+                 history_len: int, state_dtype: Any = 'uint8', *,
+                 memory: ReplayMemory | None = None, sampling: Sampling | None = None,
+                 population: Population | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
                  checkpoint_every_k_epochs: int | None = None,
-                 runner_kwargs: Mapping[str, Any] | None = None,
-                 manager_kwargs: Mapping[str, Any] | None = None, episode_starts: Any = None,
-                 episode_log_dir: str | os.PathLike | Literal[False] | None = None,
-                 on_episode_end: Callable[[Any], None] | None = None, n_step: int = 1,
-                 gamma: float = 0.99, prioritized: bool = False, alpha: float = 0.6,
-                 priority_eps: float = 1e-6, beta: Any = None, weight_norm: str = 'memory',
-                 samples_per_insert: float | None = None,
+                 episode_log_in_logger_dir: bool = True,
                  prefetch: int | None = None) -> None:
         predictor = self._take_predictor(predictor_io_names)
         if checkpoint_every_k_epochs is not None:
@@ -198,35 +211,40 @@ class ExpReplay(DataFlow, Callback):
             checkpoint_every_k_epochs = check_int(checkpoint_every_k_epochs,
                                                   'checkpoint_every_k_epochs', 1, allow_float=True)
         self.checkpoint_every_k_epochs = checkpoint_every_k_epochs
-        # The reference's names, checked here: the parts built below name theirs.
-        num_parallel_players = check_int(num_parallel_players, 'num_parallel_players', 1,
-                                         allow_float=True)
-        memory_size = check_int(memory_size, 'memory_size', 1, allow_float=True)
-        state_dtype = check_dtype(state_dtype, 'state_dtype')
-        sampling = Sampling(batch_size, update_frequency, samples_per_insert=samples_per_insert,
-                            n_step=n_step, gamma=gamma, beta=beta, weight_norm=weight_norm,
-                            layout=layout, seed=seed,
-                            # tensorpack's 4-list is 1-step uniform replay's; the rest needs
-                            # SampleBatch's eight fields (discount, indices, weights).
-                            batch_format='tensorpack' if n_step == 1 and not prioritized
-                            else 'transitions')
-        # At the end of training, waiting for a simulator thread to finish its env step or
-        # predictor call is cheap, and a thread left running would call a closed Session.
-        manager_kwargs = dict({'close_timeout': 60.0}, **(manager_kwargs or {}))
-        population = Population(
-            get_player, num_parallel_players, predictor, exploration=exploration,
-            maximum_staleness=maximum_staleness, seed=seed, episode_starts=episode_starts,
-            episode_log_dir=episode_log_dir or None, on_episode_end=on_episode_end,
-            runner_kwargs=runner_kwargs, manager_kwargs=manager_kwargs)
-        memory = ReplayMemory(memory_size, state_shape, history_len, state_dtype,
-                              prioritized=prioritized, alpha=alpha, priority_eps=priority_eps)
+        episode_log_in_logger_dir = check_bool(episode_log_in_logger_dir,
+                                               'episode_log_in_logger_dir')
+        if memory is None:
+            memory = _built(lambda: ReplayMemory(memory_size, state_shape, history_len,
+                                                 state_dtype),
+                            {'max_size': 'memory_size', 'dtype': 'state_dtype'})
+        else:
+            _agree('memory', memory, ReplayMemory, memory_size=('max_size', memory_size),
+                   state_shape=('state_shape', state_shape),
+                   history_len=('history_len', history_len), state_dtype=('dtype', state_dtype))
+        if sampling is None:
+            # tensorpack's 4-list is uniform replay's; a prioritized memory's batches need
+            # SampleBatch's indices and weights.
+            sampling = Sampling(batch_size, update_frequency,
+                                batch_format='transitions' if memory.prioritized else 'tensorpack')
+        else:
+            _agree('sampling', sampling, Sampling, batch_size=('batch_size', batch_size),
+                   update_frequency=('update_frequency', update_frequency))
+        if population is None:
+            population = _built(lambda: Population(get_player, num_parallel_players, predictor,
+                                                   manager_kwargs={'close_timeout': CLOSE_TIMEOUT}),
+                                {'num_players': 'num_parallel_players'})
+        else:
+            _agree('population', population, Population, get_player=('get_player', get_player),
+                   num_parallel_players=('num_players', num_parallel_players))
+            self._give_predictor(population, predictor)
         self.stream = ReplayStream(memory, population, sampling, init_memory_size,
                                    prefetch=prefetch, checkpoint_dir=checkpoint_dir,
                                    progress=_tensorpack_progress,
                                    arg_names={'dtype': 'state_dtype'})
-        # None: follow tensorpack's log directory, which scripts usually set after building
-        # the dataflow, so it is read in _before_train.
-        self._episode_log_follows_logger = episode_log_dir is None
+        # Tensorpack's log directory is usually set by the script after it builds the dataflow:
+        # read in _before_train.
+        self._episode_log_follows_logger = (episode_log_in_logger_dir
+                                            and population.episode_log_dir is None)
         self._fault: BaseException | None = None   # a simulator fault seen by the DataFlow
         self._fault_raised = False
         if self.stream.resumed:
@@ -248,7 +266,23 @@ class ExpReplay(DataFlow, Callback):
                              f"(['state'], ['Qvalue']), or a callable; got {predictor_io_names!r}")
         return None
 
-    # The reference's attribute names, kept for scripts that read them.
+    @staticmethod
+    def _give_predictor(population: Population, predictor: Callable[..., Any] | None) -> None:
+        """Give a population passed in the predictor of ``predictor_io_names``; one it has
+        already would be replaced (by the trainer's at ``_setup_graph``): refused."""
+        held = population.predictor
+        if held is None or held is predictor:
+            if predictor is not None:
+                population.predictor = predictor
+            return
+        given = ('a callable' if predictor is not None else
+                 'tensor names: the trainer\'s predictor replaces it at _setup_graph')
+        raise ValueError(f"population.predictor ({held!r}) and predictor_io_names ({given}) "
+                         "disagree: build the Population without a predictor (ExpReplay gives it "
+                         "one), or pass that predictor as predictor_io_names")
+
+    # The reference's attribute names that tensorpack scripts use; the rest is read from
+    # :attr:`stream`'s parts, which own it.
     @property
     def mem(self) -> ReplayMemory:
         """The :class:`~expreplay.ReplayMemory`."""
@@ -272,16 +306,6 @@ class ExpReplay(DataFlow, Callback):
     @predictor.setter
     def predictor(self, predictor: Callable[..., Any] | None) -> None:
         self.stream.predictor = predictor
-
-    def __getattr__(self, name: str) -> Any:
-        # Read-only access to the constructor arguments (batch_size, history_len, ...), as the
-        # reference stores them all as attributes. Only called when normal lookup fails.
-        where = _REFERENCE_ATTRIBUTES.get(name)
-        if where is not None and name != 'stream':
-            part, attribute = where
-            owner = self.stream if part == 'stream' else getattr(self.stream, part)
-            return getattr(owner, attribute)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------------ DataFlow
     def __iter__(self) -> Iterator[Any]:
@@ -372,30 +396,47 @@ _MONITORED = (
     ('restart_starts', 'restart_starts'),
 )
 
-# The reference's attribute name -> (the part of the stream that owns it, its name there).
-_REFERENCE_ATTRIBUTES = {
-    'get_player': ('population', 'get_player'),
-    'num_parallel_players': ('population', 'num_players'),
-    'maximum_staleness': ('stream', 'maximum_staleness'),
-    'seed': ('population', 'seed'),
-    'episode_starts': ('population', 'episode_starts'),
-    'episode_log': ('population', 'episode_log'),
-    'episode_totals': ('population', 'episode_totals'),
-    'state_shape': ('memory', 'state_shape'),
-    'memory_size': ('memory', 'max_size'),
-    'history_len': ('memory', 'history_len'),
-    'state_dtype': ('memory', 'dtype'),
-    'prioritized': ('memory', 'prioritized'),
-    'batch_size': ('sampling', 'batch_size'),
-    'update_frequency': ('sampling', 'update_frequency'),
-    'samples_per_insert': ('sampling', 'samples_per_insert'),
-    'layout': ('sampling', 'layout'),
-    'n_step': ('sampling', 'n_step'),
-    'gamma': ('sampling', 'gamma'),
-    'beta': ('sampling', 'beta'),
-    'weight_norm': ('sampling', 'weight_norm'),
-    'init_memory_size': ('stream', 'init_memory_size'),
-    'checkpoint': ('stream', 'checkpoint'),
-    'rate_limiter': ('stream', 'rate_limiter'),
-    'prefetch': ('stream', 'prefetch'),
-}
+
+def _built(build: Callable[[], Any], names: Mapping[str, str]) -> Any:
+    """``build()`` (a part from tensorpack's arguments); its TypeError or ValueError about one of
+    the part's arguments says which of tensorpack's it is (``names``: the part's -> tensorpack's,
+    e.g. ``max_size`` -> ``memory_size``). The part's own check decides; this only names."""
+    try:
+        return build()
+    except (TypeError, ValueError) as err:
+        message = str(err)
+        for theirs, ours in names.items():
+            if message.startswith(theirs + ' '):
+                raise type(err)(f"{ours}: {message}") from err
+        raise
+
+
+def _agree(part_name: str, part: Any, cls: type, **args: tuple[str, Any]) -> None:
+    """Refuse a part passed in that is not a ``cls`` (TypeError), or whose settings differ from
+    tensorpack's arguments (``args``: tensorpack's name -> (the part's attribute, the value
+    given)), with a ValueError naming both."""
+    # The stream refuses a wrong type too, but its attributes are read here first.
+    if not isinstance(part, cls):
+        raise TypeError(f"{part_name} must be a {cls.__name__}, got {type(part).__name__}")
+    for name, (attribute, given) in args.items():
+        held = getattr(part, attribute)
+        if not _same(given, held):
+            raise ValueError(
+                f"{name}={given!r} and {part_name}.{attribute}={held!r} disagree: a {part_name} "
+                f"passed in replaces the one tensorpack's arguments would build, so give "
+                f"{name} the {part_name}'s value")
+
+
+def _same(given: Any, held: Any) -> bool:
+    """Whether a tensorpack argument as given (``1e6``, a list shape, ``'uint8'``, ...) is the
+    part's normalized setting."""
+    try:
+        if isinstance(held, tuple):            # a shape: an int n is (n,), as the memory reads it
+            given = tuple(given) if isinstance(given, (tuple, list, np.ndarray)) else (given,)
+        elif isinstance(held, np.dtype):
+            return bool(np.dtype(given) == held) if given is not None else False
+        elif callable(held):
+            return given is held or bool(given == held)   # the same function (or bound method)
+        return bool(given == held)
+    except (TypeError, ValueError):
+        return False

@@ -9,7 +9,7 @@ their statistics and stops them. It knows nothing about batches: a
 :class:`~expreplay.stream.ReplayStream` decides when to step it, and a script that samples the
 memory itself can drive it alone::
 
-    population = Population(make_env, 4, q_values, exploration=1.0)
+    population = Population(make_env, 4, q_values, exploration=1.0, maximum_staleness=8)
     population.start(memory)
     for _ in range(1000):
         population.step(population.exploration)
@@ -106,9 +106,9 @@ class Population:
             :meth:`start` (the initial fill included), read for every step request, e.g.
             ``lambda steps: max(0.1, 1 - steps / 100_000)``: given once, it needs no update
             from the training loop. Assigning a number later replaces the schedule.
-        maximum_staleness (int): step requests that may be pending. None: chosen by whoever
-            starts the population (a stream: twice the steps it requests per batch, as
-            tensorpack's reference).
+        maximum_staleness (int): step requests that may be pending. None: the default of
+            whoever starts the population (a stream's: :attr:`ReplayStream.maximum_staleness
+            <expreplay.stream.ReplayStream.maximum_staleness>`), given to :meth:`start`.
         seed (int): seeds the environments' first resets (runner ``i`` gets a seed derived
             from it and ``i``); None: unseeded.
         episode_starts: an episode-start scheduler shared by all runners (seed schedules, a
@@ -249,24 +249,35 @@ class Population:
             raise
 
     @uninterrupted      # a Ctrl-C half-way would leave threads started that close() can't see
-    def start(self, memory: ReplayMemory, *, default_staleness: int = 1) -> None:
-        """Build the runners on ``memory`` and their manager (``maximum_staleness``:
-        ``default_staleness`` when it was left None). Steps nothing."""
+    def start(self, memory: ReplayMemory, *, default_staleness: int | None = None) -> None:
+        """Build the runners on ``memory`` and their manager; steps nothing.
+
+        ``default_staleness``: the ``maximum_staleness`` of a population that was given none
+        (the starter's default; a :class:`~expreplay.stream.ReplayStream` passes its own, the
+        one place that default is decided). A population with neither is refused
+        (ValueError): it has no default of its own.
+        """
         with self._lock:
             if self.runners or self._closed:
                 raise RuntimeError("the Population is started already (or closed)")
+            staleness = self.maximum_staleness
+            if staleness is None:
+                if default_staleness is None:
+                    raise ValueError("the Population has no maximum_staleness: give it one, or "
+                                     "start(memory, default_staleness=...)")
+                staleness = default_staleness
             if self.episode_log_dir is not None:
                 self.episode_log = EpisodeLog(os.path.join(os.fspath(self.episode_log_dir),
                                                            EPISODE_LOG_FILENAME))
             first, self._first_player = self._first_player, None
             try:
-                self._build(memory, first, default_staleness)
+                self._build(memory, first, staleness)
             except BaseException:
                 if self.episode_log is not None:
                     self.episode_log.close()
                 raise
 
-    def _build(self, memory: ReplayMemory, first: Any, default_staleness: int) -> None:
+    def _build(self, memory: ReplayMemory, first: Any, staleness: int) -> None:
         on_end = _Fanout([self.episode_totals, self.episode_log, *self._on_episode_end])
         runners: list[EnvRunner] = []
         try:
@@ -278,7 +289,6 @@ class Population:
                 runners.append(EnvRunner(player, self._predictor, memory, memory.history_len,
                                          episode_starts=self.episode_starts,
                                          on_episode_end=on_end, **kwargs))
-            staleness = self.maximum_staleness or default_staleness
             self.manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
         except BaseException:
             for runner in runners:

@@ -260,8 +260,11 @@ class ReplayStream:
     @property
     def maximum_staleness(self) -> int:
         """Step requests that may be pending: the population's ``maximum_staleness``, or, left
-        None, twice the transitions inserted per batch (as tensorpack's reference)."""
-        return self.population.maximum_staleness or 2 * self.sampling.steps_per_batch
+        None, twice the transitions inserted per batch (as tensorpack's reference), which
+        :meth:`start` gives the population as its default. The one place that default is
+        decided: neither the population nor ExpReplay has one."""
+        given = self.population.maximum_staleness
+        return 2 * self.sampling.steps_per_batch if given is None else given
 
     @property
     def episode_totals(self) -> EpisodeTotals:

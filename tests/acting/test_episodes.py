@@ -620,7 +620,7 @@ def test_expreplay_logs_episodes_next_to_tensorpack_logs(tmp_path):
     # Imported here: it loads TensorFlow, which the other tests of this file do not need.
     from test_tensorpack_io import EnvFactory, TinyDQN, make_expreplay, simple_config, train
 
-    expreplay = make_expreplay(EnvFactory(), episode_starts=ProceduralSeeds(5))
+    expreplay = make_expreplay(EnvFactory(), population=dict(episode_starts=ProceduralSeeds(5)))
     stats, errors, threads = train(tmp_path, simple_config(expreplay, TinyDQN((6,)), max_epoch=2))
     assert errors == [] and threads == []
     records = read_episode_log(tmp_path / 'log' / EPISODE_LOG_FILENAME)
@@ -628,11 +628,11 @@ def test_expreplay_logs_episodes_next_to_tensorpack_logs(tmp_path):
     totals = [s['expreplay/episodes_total'] for s in stats]
     assert 0 < totals[0] < totals[1] <= len(records) == expreplay.stream.episode_totals.episodes
     assert all(r.seed == ProceduralSeeds(5).seed_for(r.runner, 0, r.episode) for r in records)
-    assert expreplay.episode_log.closed
+    assert expreplay.stream.population.episode_log.closed
 
-    # episode_log_dir=False: no log even though tensorpack's log directory is (still) set.
-    off = make_expreplay(EnvFactory(), episode_log_dir=False)
+    # episode_log_in_logger_dir=False: no log even though tensorpack's log directory is (still) set.
+    off = make_expreplay(EnvFactory(), episode_log_in_logger_dir=False)
     off.before_train()         # fills the memory at exploration 1: no trainer needed
     off.after_train()
-    assert off.episode_log is None and off.stream.episode_totals.episodes > 0
+    assert off.stream.population.episode_log is None and off.stream.episode_totals.episodes > 0
     assert len(read_episode_log(tmp_path / 'log' / EPISODE_LOG_FILENAME)) == len(records)

@@ -33,8 +33,10 @@ def test_td_errors_and_loss_and_priority_feedback(tmp_path):
                   reward_clip=None, learning_rate=1e-3)
     replay = expreplay.ExpReplay(
         (['state'], ['Qvalue']), lambda: gym.make('CartPole-v1'), 1, (4,), 32, 2000, 200, 2, 1,
-        'float32', seed=0, prioritized=True, alpha=0.6, beta=0.5, n_step=3, gamma=0.9,
-        episode_log_dir=False)
+        'float32', memory=expreplay.ReplayMemory(2000, (4,), 1, 'float32', prioritized=True,
+                                                 alpha=0.6),
+        sampling=expreplay.Sampling(32, 2, beta=0.5, n_step=3, gamma=0.9, seed=0),
+        episode_log_in_logger_dir=False)
     checked = []
 
     class Check(Callback):

@@ -18,7 +18,11 @@ import pytest
 
 # Must come before TensorFlow: it sets TF_USE_LEGACY_KERAS=1 for tensorpack's layers.
 from expreplay import ExpReplay  # noqa: I100
+from expreplay import ReplayMemory
+from expreplay.acting.population import Population
 from expreplay.stream import DEFAULT_PREFETCH, MemoryCheckpoint
+from expreplay.stream.sampling import Sampling
+from expreplay.tensorpack_io import CLOSE_TIMEOUT
 
 import tensorflow.compat.v1 as tf  # noqa: E402  (TF2 users of tensorpack write tf.compat.v1)
 from tensorpack import (FeedInput, ModelDesc, ModelSaver, ObjAttrParam, PeriodicTrigger,  # noqa: E402
@@ -138,11 +142,21 @@ class Probe(Callback):
         self.fn(self)
 
 
-def make_expreplay(factory, state_shape=(6,), **kwargs):
+def make_expreplay(factory, state_shape=(6,), population=None, **kwargs):
+    """ExpReplay of tensorpack's arguments (small ones; ``kwargs`` replace them or add
+    ExpReplay's keywords). ``population``: the Population's options, for one built here on
+    ``factory`` (with ExpReplay's close timeout) and passed in, or the part itself."""
     args = dict(predictor_io_names=(['state'], ['Qvalue']), get_player=factory,
                 num_parallel_players=2, state_shape=state_shape, batch_size=16, memory_size=2000,
-                init_memory_size=300, update_frequency=4, history_len=HISTORY, seed=0)
+                init_memory_size=300, update_frequency=4, history_len=HISTORY)
     args.update(kwargs)
+    if isinstance(population, dict):
+        population = dict(population)
+        population['manager_kwargs'] = dict({'close_timeout': CLOSE_TIMEOUT},
+                                            **population.get('manager_kwargs', {}))
+        population = Population(factory, args['num_parallel_players'], **population)
+    if population is not None:
+        args['population'] = population
     return ExpReplay(**args)
 
 
@@ -200,8 +214,8 @@ def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, da
     factory = EnvFactory()
     # threads=1: both players on one simulator thread, the predictor (a tensorpack
     # OfflinePredictor) on an InferenceThread, which must enter the session's graph too.
-    expreplay = make_expreplay(factory, manager_kwargs={'simulator_threads': threads},
-                               prefetch=prefetch)
+    expreplay = make_expreplay(factory, population=dict(seed=0, manager_kwargs={
+        'simulator_threads': threads}), prefetch=prefetch)
     stats, errors, threads = train(tmp_path, simple_config(expreplay, TinyDQN((6,)), data=data))
 
     assert [s['epoch_num'] for s in stats] == [1, 2, 3]
@@ -213,7 +227,7 @@ def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, da
         assert 9 <= epoch['expreplay/mean_episode_length'] <= 14
         # Scripted rewards are >= 0 per step: a game scores at least 0.
         assert 0 <= epoch['expreplay/mean_score'] <= epoch['expreplay/max_score']
-        assert 0 <= epoch['expreplay/queue_depth'] <= expreplay.maximum_staleness
+        assert 0 <= epoch['expreplay/queue_depth'] <= expreplay.stream.maximum_staleness
     assert stats[-1]['expreplay/memory_transitions'] > 300
     assert errors == []
     assert threads == []
@@ -343,11 +357,11 @@ def test_the_stream_alone_checks_the_player_resumes_and_sets_the_staleness(tmp_p
     assert len(checks) == 1 and loaded == [second.mem]
     assert second.stream.resumed and len(second.mem) == len(first.mem) >= 300
     # Left None, the staleness is the stream's default: twice update_frequency.
-    assert second.maximum_staleness == second.stream.maximum_staleness == 2 * 4
+    assert second.stream.maximum_staleness == 2 * 4
     assert second.stream.population.maximum_staleness is None
     second.stream.close(save=False)
-    given = make_expreplay(EnvFactory(), maximum_staleness=3)
-    assert given.maximum_staleness == 3
+    given = make_expreplay(EnvFactory(), population=dict(maximum_staleness=3))
+    assert given.stream.maximum_staleness == 3
     given.stream.close(save=False)
 
 
@@ -517,11 +531,18 @@ def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
     """Whole-float sizes (DQN.py's 1e6) are accepted; other bad values are refused by name."""
     factory = EnvFactory(episode_lengths=(50,))
     replay = make_expreplay(factory, memory_size=1e4, init_memory_size=1e3, batch_size=16.0)
-    assert (replay.memory_size, replay.init_memory_size) == (10_000, 1000)
-    assert replay.stream.memory.max_size == 10_000 and replay.stream.init_memory_size == 1000
-    bad = [(dict(memory_size=float('inf')), ValueError, 'memory_size'),
+    assert replay.mem.max_size == 10_000 and replay.stream.init_memory_size == 1000
+    assert replay.stream.sampling.batch_size == 16
+    replay.stream.close(save=False)
+    # The parts' checks decide; the error names tensorpack's argument (and the part's).
+    bad = [(dict(memory_size=float('inf')), ValueError, '^memory_size: max_size must be'),
+           (dict(state_dtype=None), TypeError, '^state_dtype: dtype must be'),
+           (dict(num_parallel_players=0), ValueError, '^num_parallel_players: num_players'),
            (dict(batch_size=True), TypeError, 'batch_size'),
-           (dict(seed='abc'), TypeError, 'seed'),
+           (dict(history_len=0), ValueError, 'history_len'),
+           (dict(init_memory_size=-1), ValueError, 'init_memory_size'),
+           (dict(episode_log_in_logger_dir='yes'), TypeError, 'episode_log_in_logger_dir'),
+           (dict(population=dict(seed='abc')), TypeError, 'seed'),
            (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=1.5), ValueError,
             'checkpoint_every_k_epochs'),
            (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=True), TypeError,
@@ -547,4 +568,112 @@ def test_a_float_env_with_the_default_state_dtype_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"shape \(4,\).*state_shape=\(6,\).*state_shape=\(4,\)"):
         make_expreplay(cartpole, state_shape=(6,), state_dtype='float32')
     replay = make_expreplay(cartpole, state_shape=(4,), state_dtype='float32')
-    assert len(made) == 3 and replay.state_dtype == np.float32   # one player built per check
+    assert len(made) == 3 and replay.mem.dtype == np.float32   # one player built per check
+
+
+# ------------------------------------------------------------------------------- the parts
+def test_the_signature_is_tensorpacks_plus_the_parts_and_its_own_settings():
+    import inspect
+    params = inspect.signature(ExpReplay).parameters
+    tensorpack = ['predictor_io_names', 'get_player', 'num_parallel_players', 'state_shape',
+                  'batch_size', 'memory_size', 'init_memory_size', 'update_frequency',
+                  'history_len', 'state_dtype']
+    assert list(params)[:10] == tensorpack
+    assert all(params[n].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for n in tensorpack)
+    assert list(params)[10:] == ['memory', 'sampling', 'population', 'checkpoint_dir',
+                                 'checkpoint_every_k_epochs', 'episode_log_in_logger_dir',
+                                 'prefetch']
+    assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in list(params)[10:])
+    # No forwarding table: the settings are read where they live.
+    replay = make_expreplay(EnvFactory())
+    for name in ('batch_size', 'gamma', 'seed', 'maximum_staleness', 'memory_size'):
+        assert not hasattr(replay, name), name
+    assert replay.stream.sampling.batch_size == 16 and replay.mem.max_size == 2000
+    replay.stream.close(save=False)
+
+
+def test_parts_passed_in_replace_the_built_ones_and_keep_their_settings():
+    factory = EnvFactory()
+    memory = ReplayMemory(2000, (6,), HISTORY, prioritized=True, alpha=0.5, priority_eps=1e-3)
+    sampling = Sampling(16, 4, n_step=3, gamma=0.9, beta=0.4, seed=1)
+    population = Population(factory, 2, exploration=0.5, maximum_staleness=3, seed=2)
+    replay = make_expreplay(factory, memory=memory, sampling=sampling, population=population,
+                            memory_size=2e3)
+    stream = replay.stream
+    assert stream.memory is memory is replay.mem
+    assert stream.sampling is sampling and stream.population is population
+    assert replay.exploration == 0.5 and stream.maximum_staleness == 3
+    assert population.seed == 2 and population.predictor is None   # the trainer's, later
+    stream.close(save=False)
+
+    # Built from tensorpack's arguments: a uniform memory yields tensorpack's 4-list, a
+    # prioritized one SampleBatches; the population has ExpReplay's close timeout.
+    plain = make_expreplay(EnvFactory())
+    assert plain.stream.sampling.batch_format == 'tensorpack' and not plain.mem.prioritized
+    assert plain.stream.population.close_timeout == CLOSE_TIMEOUT
+    plain.stream.close(save=False)
+    per = make_expreplay(EnvFactory(), memory=ReplayMemory(2000, (6,), HISTORY, prioritized=True))
+    assert per.stream.sampling.batch_format == 'transitions'
+    per.stream.close(save=False)
+
+
+@pytest.mark.parametrize('part, kwargs, match', [
+    ('memory', dict(memory_size=1000), r"memory_size=1000 and memory\.max_size=2000 disagree"),
+    ('memory', dict(state_shape=(7,)), r"state_shape=\(7,\) and memory\.state_shape=\(6,\)"),
+    ('memory', dict(history_len=2), r"history_len=2 and memory\.history_len=4"),
+    ('memory', dict(state_dtype='float32'), r"state_dtype='float32' and memory\.dtype=dtype"),
+    ('sampling', dict(batch_size=32), r"batch_size=32 and sampling\.batch_size=16"),
+    ('sampling', dict(update_frequency=2), r"update_frequency=2 and sampling\.update_frequency=4"),
+    ('population', dict(num_parallel_players=3),
+     r"num_parallel_players=3 and population\.num_players=2"),
+    ('population', dict(get_player=EnvFactory()), r"get_player=.* and population\.get_player="),
+])
+def test_a_part_that_disagrees_with_tensorpacks_arguments_is_refused_naming_both(part, kwargs,
+                                                                                 match):
+    factory = EnvFactory()
+    parts = dict(memory=ReplayMemory(2000, (6,), HISTORY), sampling=Sampling(16, 4),
+                 population=Population(factory, 2))
+    with pytest.raises(ValueError, match=match):
+        make_expreplay(factory, **{part: parts[part]}, **kwargs)
+    # Agreeing values in another spelling are the same setting.
+    make_expreplay(factory, **{part: parts[part]}, memory_size=2e3, state_shape=[6],
+                   state_dtype=np.uint8).stream.close(save=False)
+    with pytest.raises(TypeError, match=f"{part} must be a"):
+        make_expreplay(factory, **{part: object()})
+
+
+def test_a_populations_predictor_is_given_once():
+    def q_values(states):
+        return np.zeros((len(states), NUM_ACTIONS), np.float32)
+
+    factory = EnvFactory()
+    # A callable predictor_io_names is given to the population passed in.
+    replay = make_expreplay(factory, predictor_io_names=q_values, population=dict())
+    assert replay.predictor is q_values is replay.stream.population.predictor
+    replay.stream.close(save=False)
+    # A population with a predictor of its own would lose it: refused, naming both.
+    with pytest.raises(ValueError, match=r"population\.predictor .* and predictor_io_names"):
+        make_expreplay(factory, population=Population(factory, 2, q_values))
+    with pytest.raises(ValueError, match=r"population\.predictor .* and predictor_io_names"):
+        make_expreplay(factory, predictor_io_names=lambda s: q_values(s),
+                       population=Population(factory, 2, q_values))
+
+
+def test_the_episode_log_follows_tensorpacks_log_dir_unless_the_population_has_one(tmp_path):
+    from expreplay.acting.episodes import EPISODE_LOG_FILENAME
+    logger.set_logger_dir(str(tmp_path / 'log'), action='d')
+    try:
+        cases = [(dict(), None, tmp_path / 'log'),
+                 (dict(episode_log_in_logger_dir=False), {}, None),
+                 (dict(), dict(episode_log_dir=str(tmp_path / 'own')), tmp_path / 'own')]
+        for kwargs, population, where in cases:
+            replay = make_expreplay(EnvFactory(), init_memory_size=50, population=population,
+                                    **kwargs)
+            replay.before_train()        # fills at exploration 1: no trainer needed
+            replay.after_train()
+            log = replay.stream.population.episode_log
+            assert (log is None) == (where is None), kwargs
+            if where is not None:
+                assert os.path.isfile(where / EPISODE_LOG_FILENAME)
+    finally:
+        logger.set_logger_dir(str(tmp_path / 'other'), action='d')   # not left on tmp_path/log

@@ -293,6 +293,34 @@ def test_memory_argument_and_sample():
         assert memory.num_steps_written == written   # sample() requests no steps
 
 
+@pytest.mark.parametrize('sampling, default', [(dict(update_frequency=4), 8),
+                                                (dict(update_frequency=None,
+                                                      samples_per_insert=2.0), 16)])
+def test_the_staleness_default_is_the_streams_alone(sampling, default):
+    """Twice the transitions inserted per batch (tensorpack's reference), decided by the stream
+    and given to the population when it starts; a population's own value wins, and a population
+    started with neither has no default to fall back on."""
+    with make_stream(EnvFactory(), init_memory_size=20, **sampling) as stream:
+        assert stream.population.maximum_staleness is None
+        assert stream.maximum_staleness == default          # before the start: what it will use
+        stream.start()
+        assert stream.population.manager.maximum_staleness == default == stream.maximum_staleness
+    with make_stream(EnvFactory(), init_memory_size=20, maximum_staleness=3, **sampling) as stream:
+        stream.start()
+        assert stream.population.manager.maximum_staleness == 3 == stream.maximum_staleness
+
+    alone = Population(EnvFactory(), 2)
+    with pytest.raises(ValueError, match='no maximum_staleness'):
+        alone.start(ReplayMemory(100, (6,), HISTORY))
+    alone.start(ReplayMemory(100, (6,), HISTORY), default_staleness=5)
+    assert alone.manager.maximum_staleness == 5
+    alone.close()
+    given = Population(EnvFactory(), 2, maximum_staleness=2)
+    given.start(ReplayMemory(100, (6,), HISTORY), default_staleness=5)
+    assert given.manager.maximum_staleness == 2
+    given.close()
+
+
 def test_predictor_slot_accepts_both_conventions():
     q = np.arange(6, dtype=np.float32).reshape(2, 3)
     assert PredictorSlot(lambda s: q)(None)[0] is not None
