@@ -1,9 +1,13 @@
 """The optional C kernels: one registry of what is built, and one switch to run without them.
 
 setup.py builds each kernel when a C compiler is there; every one is a shortcut for a numpy path
-that does the same (the tests run both). The modules that use a kernel ask :func:`get` for it
-when they build the object that calls it (a ring's write binding, a sampler, a priority tree,
-an acting group's policy and frame history), so an object keeps the path it was built with.
+that does the same (the tests run both). The rule, one moment: an object that calls a kernel
+asks :func:`get` for it when it is built (a writer for the ring's write binding, a memory's
+sampler, a prioritized memory's sampling distribution for its trees, a priority tree, an acting
+group's policy and frame history), keeps it in an attribute and uses that attribute
+afterwards; so an object keeps the path it was built with. (A path switched under a live object
+would mix layouts or caches: a binding made for one path, a tree summed in another order.)
+Module-level functions never ask: the object that calls them gives them its kernel.
 
 :func:`numpy_only` is the one switch: objects built inside it use numpy, as on a machine
 without a compiler. ``python -m expreplay`` (:mod:`expreplay._info`) reports :data:`KERNELS`.

@@ -94,9 +94,17 @@ def _suite_path(request, monkeypatch):
             pytest.skip('checks the default prefetch rule, which --default-prefetch replaces')
         from expreplay.stream import replay_stream
         monkeypatch.setattr(replay_stream, 'default_prefetch', lambda population: depth)
+    yield
+
+
+@pytest.fixture(scope='session', autouse=True)
+def _kernel_option(request):
+    """``--kernels numpy``: the whole session inside the one switch (``kernel_paths``), so that
+    also what module-scoped fixtures build takes the numpy path (an object keeps the path it
+    was built with)."""
     if request.config.getoption('--kernels') == 'numpy':
-        from expreplay import _kernels
-        with _kernels.numpy_only():
+        from kernel_paths import kernel_path
+        with kernel_path('numpy'):
             yield
     else:
         yield

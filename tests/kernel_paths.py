@@ -1,5 +1,9 @@
 """The tests' one switch between the optional C kernels and the numpy path they shortcut
-(:func:`expreplay._kernels.numpy_only`), for fixtures that run a test both ways."""
+(:func:`expreplay._kernels.numpy_only`), for fixtures that run a test both ways.
+
+An object takes its kernels when it is built and keeps them (:mod:`expreplay._kernels`): build
+what a test runs on a path inside :func:`kernel_path`; using it outside changes nothing. Never
+patch a module or a kernel attribute instead (``tests/test_layout.py`` looks for that)."""
 
 import contextlib
 

@@ -91,6 +91,8 @@ class ActingGroup:
         for r in runners:
             r.join_group(self)            # its episodes in another group end where they are
         self._format = FrameFormat(self.memory.state_shape, self.memory.dtype)
+        # The policy, the lanes' frame history and batch writer take their C kernels as they
+        # are built here, once (expreplay._kernels): the group keeps the path it was built with.
         self._policy = EpsilonGreedy([r.rng for r in runners], self.runner_lanes, self.num_actions)
         self._lanes = LaneEpisodes(runners, self.memory, self._format.state_shape,
                                    self._format.dtype, self._env_state)

@@ -59,7 +59,9 @@ class LaneEpisodes:
         self._finished: list[tuple[GroupMember, Any]] = []   # records of this step, emitted after it
         self._env_state = env_state
         self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
-        # The acting kernel and the arrays its push_steps updates, bound once (the common step).
+        # The acting kernel and the arrays its push_steps updates, bound once (the common step):
+        # the kernel the history took when built just above, as the writer took its binding
+        # (one moment, expreplay._kernels; the fast step needs both, on the same buffers).
         self._kernel = self._history.kernel
         self._push_tables = (*self._history.buffers(), self._history.history_len, self._score,
                              self._length, self._lives)

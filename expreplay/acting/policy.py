@@ -3,7 +3,7 @@
 :class:`EpsilonGreedy` draws, for a batch of lanes, whether each explores and which random
 action it takes, and turns the predictor's Q-values into the greedy lanes' actions. The common
 cases run in the optional C kernel ``expreplay.acting._acting_ext``; a policy built inside
-:func:`expreplay._kernels.numpy_only` uses numpy (what the tests do to check both).
+:func:`expreplay._kernels.numpy_only` uses numpy for good (what the tests do to check both).
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ class EpsilonGreedy:
         self._uniforms = np.zeros((num_lanes, _DRAWS, 2))
         self._cursor = np.full(num_lanes, _DRAWS)
         self._eps = np.zeros(1)
+        # The kernel, chosen once, here (expreplay._kernels): switched under a live policy,
+        # its cached uniforms and cursors above would be drawn by two paths in turn.
         self._ext = _kernels.get('_acting_ext')
 
     def draw(self, lanes: np.ndarray, eps: float | np.ndarray,

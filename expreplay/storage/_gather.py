@@ -13,17 +13,21 @@ cannot be assembled from whole-frame copies. numpy only offers strided copies (~
 4-5x the cost of the gather itself); the optional C extension `_gather_ext` byte-transposes
 16 pixels at a time in SSE2 registers (SSSE3 shuffles for five frames); a sampled batch
 costs about 1.2x the plain gather of its frames (`benchmarks/bench_memory.py`).
+
+These functions never ask :mod:`expreplay._kernels` for `_gather_ext`: the object that calls
+them (the memory's sampler, an acting group's frame history) took it when it was built and
+gives it as ``kernel`` (None: numpy), so that it keeps one path (:mod:`expreplay._kernels`).
 """
 import numpy as np
-
-from .. import _kernels   # the optional C kernel _gather_ext, asked for at each call
 
 LAYOUTS = ('NHWC', 'NCHW')
 
 
-def gather_frames(frames, idx, layout='NHWC', out=None):
+def gather_frames(frames, idx, layout='NHWC', out=None, *, kernel=None):
     """Return the frames at ring slots `idx` (B, K) as a (B, K, *frame_shape) ('NCHW') or
     (B, *frame_shape, K) ('NHWC', C-contiguous) array of frames.dtype.
+
+    `kernel`: the caller's `_gather_ext` (taken when it was built), or None for numpy.
 
     `out`, if given, must be a writable C-contiguous array of exactly that shape and dtype; it
     is filled and returned, so a caller sampling in a loop allocates nothing.
@@ -53,44 +57,32 @@ def gather_frames(frames, idx, layout='NHWC', out=None):
 
     if layout == 'NCHW':
         np.take(frames, idx, axis=0, out=out, mode='wrap')
-    elif gather_kernel_takes(frames, K):
-        ext = _kernels.get('_gather_ext')
-        assert ext is not None
-        ext.interleave(frames, np.ascontiguousarray(idx, dtype=np.intp), out)
+    elif kernel is not None and interleave_takes(frames, K):
+        kernel.interleave(frames, np.ascontiguousarray(idx, dtype=np.intp), out)
     else:
         _gather_nhwc_numpy(frames, idx, out)
     return out
 
 
-def gather_kernel_takes(frames, k):
-    """Whether NHWC gathers of ``k`` frames from ``frames`` run in the C kernel."""
-    return (_kernels.get('_gather_ext') is not None and frames.itemsize == 1 and 2 <= k <= 8
-            and frames.flags.c_contiguous)
+def interleave_takes(frames, k):
+    """Whether the C kernel's ``interleave`` takes NHWC gathers of ``k`` frames from ``frames``
+    (where the kernel is there)."""
+    return frames.itemsize == 1 and 2 <= k <= 8 and frames.flags.c_contiguous
 
 
 def sampler_takes(frames, k, layout):
-    """Whether the memory's C sampler (:class:`Ring`) builds batches of ``k`` frames a row in
-    ``layout`` from ``frames``."""
-    if _kernels.get('_gather_ext') is None:
-        return False
-    return layout == 'NCHW' or k == 1 or gather_kernel_takes(frames, k)
+    """Whether the memory's C sampler (``_gather_ext.Ring``, where the sampler has one) builds
+    batches of ``k`` frames a row in ``layout`` from ``frames``."""
+    return layout == 'NCHW' or k == 1 or interleave_takes(frames, k)
 
 
-def Ring(*tables):
-    """The replay memory's C sampler bound to its tables (``_gather_ext.Ring``: see its
-    ``sample`` and ``comb``); only where :func:`sampler_takes` says the kernel is there."""
-    ext = _kernels.get('_gather_ext')
-    assert ext is not None
-    return ext.Ring(*tables)
-
-
-def gather_history(frames, idx):
+def gather_history(frames, idx, kernel):
     """:func:`gather_frames` NHWC for indices the caller built itself (in range, intp): the
-    acting path's per-step state gather, without the checks that cost as much as the copy."""
+    acting path's per-step state gather, without the checks that cost as much as the copy.
+    `kernel`: the caller's `_gather_ext`, or None for numpy."""
     out = np.empty((idx.shape[0],) + frames.shape[1:] + (idx.shape[1],), frames.dtype)
-    ext = _kernels.get('_gather_ext')
-    if ext is not None and frames.itemsize == 1 and 2 <= idx.shape[1] <= 8:
-        ext.interleave(frames, idx, out)
+    if kernel is not None and frames.itemsize == 1 and 2 <= idx.shape[1] <= 8:
+        kernel.interleave(frames, idx, out)
         return out
     return _gather_nhwc_numpy(frames, idx, out)
 

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from .. import _kernels
 from ._slots import _VALID
 from .priority import PriorityIndex
 
@@ -200,6 +201,10 @@ class PrioritizedDistribution(SamplingDistribution):
     def __init__(self, alpha: float, eps: float) -> None:
         self.alpha = float(alpha)
         self.eps = float(eps)
+        # The tree kernel of every index this distribution builds (the first one, and the new
+        # one after a failed load), taken once, here, with the memory (expreplay._kernels):
+        # the memory keeps the path it was built with.
+        self._tree_ext = _kernels.get('_tree_ext')
 
     @property
     def priorities(self) -> PriorityIndex:
@@ -216,7 +221,8 @@ class PrioritizedDistribution(SamplingDistribution):
     def reset(self, flags: np.ndarray) -> None:
         # A new index rather than a cleared one: PriorityIndex refuses an eps too large for
         # the slot count when it is built, which is when the memory is built.
-        self._index = PriorityIndex(len(flags), self.alpha, self.eps, flags, _VALID)
+        self._index = PriorityIndex(len(flags), self.alpha, self.eps, flags, _VALID,
+                                    kernel=self._tree_ext)
         self._flags = flags
 
     def on_publish(self, slots: int | np.ndarray | None) -> None:

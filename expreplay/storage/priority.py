@@ -35,6 +35,9 @@ from .. import _kernels
 
 __all__ = ['SumMinTree', 'PriorityIndex']
 
+# The default ``kernel`` of a tree: the one :func:`expreplay._kernels.get` gives when it is built.
+_AT_BUILD: Any = object()
+
 
 class SumMinTree:
     """Sums and minima over ``capacity`` non-negative leaves, updated and sampled in batches.
@@ -42,9 +45,11 @@ class SumMinTree:
     Args:
         capacity (int): number of leaves (indices ``0 .. capacity - 1``).
         fanout (int): children per node (>= 2).
+        kernel: the C tree kernel to use (None: numpy); by default the one
+            :mod:`expreplay._kernels` gives when the tree is built.
     """
 
-    def __init__(self, capacity: int, fanout: int = 32) -> None:
+    def __init__(self, capacity: int, fanout: int = 32, *, kernel: Any = _AT_BUILD) -> None:
         if capacity < 1 or fanout < 2:
             raise ValueError(f"capacity must be >= 1 and fanout >= 2, got {capacity}, {fanout}")
         self.capacity = int(capacity)
@@ -70,7 +75,9 @@ class SumMinTree:
         self._sum_rows: list[Any] = [None] + [a.reshape(-1, self.fanout) for a in self._sum[1:]]
         self._min_rows: list[Any] = [None] + [a.reshape(-1, self.fanout) for a in self._min[1:]]
         self._upper = np.triu(np.ones((self.fanout, self.fanout)))
-        self._ext = _kernels.get('_tree_ext')   # chosen once per tree (module docstring)
+        # Chosen once, here (expreplay._kernels): a tree switched to the other path while it
+        # lives would mix two summation orders in its inner nodes (module docstring).
+        self._ext = _kernels.get('_tree_ext') if kernel is _AT_BUILD else kernel
         self._sum_levels, self._min_levels = tuple(self._sum), tuple(self._min)
 
     @property
@@ -209,8 +216,8 @@ class PriorityIndex:
     FLUSH_AT = 65536
 
     def __init__(self, num_slots: int, alpha: float, eps: float, flags: np.ndarray,
-                 valid_bit: int) -> None:
-        self.tree = SumMinTree(num_slots)
+                 valid_bit: int, *, kernel: Any = _AT_BUILD) -> None:
+        self.tree = SumMinTree(num_slots, kernel=kernel)    # kernel: as SumMinTree's
         self._flags, self._valid_bit = flags, valid_bit   # the memory's slot flags (VALID)
         self.alpha = float(alpha)
         self.eps = float(eps)

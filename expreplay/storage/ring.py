@@ -62,8 +62,9 @@ implementation of the common writes: a ``Store`` bound by :meth:`BlockRing.bind_
 tables and one writer's cursors, called only from :meth:`BlockRing.kernel_step`,
 :meth:`BlockRing.kernel_start` and :meth:`BlockRing.kernel_steps` under the lock; it writes
 exactly what :meth:`append` / :meth:`start` would and declines (changing nothing) whatever it
-does not handle. (:func:`expreplay._kernels.numpy_only` switches it off for rings' writers
-bound inside it.)
+does not handle. A writer asks :mod:`expreplay._kernels` for it when it is built and gives it
+to :meth:`BlockRing.bind_kernel` (:func:`expreplay._kernels.numpy_only` switches it off for
+writers built inside it).
 """
 
 from __future__ import annotations
@@ -75,7 +76,6 @@ from typing import Any
 
 import numpy as np
 
-from .. import _kernels
 from ._checkpoint_checks import validate
 from ._slots import _ACTIVE, _FREE, _RETIRED, _VALID
 from .distribution import SamplingDistribution
@@ -306,12 +306,12 @@ class BlockRing(_LaneGeometry):
         self.distribution.on_publish(slots)
 
     # ------------------------------------------------------------------ the C kernel (delegated)
-    def bind_kernel(self, cursors: tuple[np.ndarray, ...]) -> Any:
-        """The C kernel's ``Store`` bound to these tables and a writer's ``cursors`` (next,
-        current slot, its episode step, its offset, block, safe count, its generation: see
-        :class:`~expreplay.storage.writers.BatchWriter`); None when the kernel is not built or
-        switched off."""
-        ext = _kernels.get('_write_ext')
+    def bind_kernel(self, ext: Any, cursors: tuple[np.ndarray, ...]) -> Any:
+        """The C kernel ``ext``'s ``Store`` bound to these tables and a writer's ``cursors``
+        (next, current slot, its episode step, its offset, block, safe count, its generation:
+        see :class:`~expreplay.storage.writers.BatchWriter`); None when ``ext`` is None (the
+        writer's numpy path: the kernel not built, or the writer built inside
+        :func:`expreplay._kernels.numpy_only`)."""
         if ext is None:
             return None
         fmt = self.frames[:0].data.format if self.dtype.kind in 'iub' else ''

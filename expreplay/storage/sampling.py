@@ -11,8 +11,9 @@ before its episode's first frame (I7), and every frame ahead of it is newer and 
 stored (I6), which is what lets the n-step window walk forward without checks. All of it runs
 under the ring's lock, so no block is evicted under a gather.
 
-The common cases run in the optional C sampler (``expreplay.storage._gather.Ring``, bound once
-to the ring's tables); :func:`expreplay._kernels.numpy_only` switches it off.
+The common cases run in the optional C sampler (``_gather_ext.Ring``, bound to the ring's
+tables when the :class:`Sampler` is built); a sampler built inside
+:func:`expreplay._kernels.numpy_only` takes the numpy path, for good.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _kernels
 from . import _gather
 from ._gather import gather_frames
 from ._recycled import ArrayPool
@@ -89,7 +91,15 @@ class Sampler:
 
     def __init__(self, ring: BlockRing) -> None:
         self.ring = ring
-        self._kernel = None       # the C sampler bound to the tables, built at first use
+        # The kernel is taken here, once (expreplay._kernels): the C sampler bound to the
+        # tables, or None for numpy, and the gather kernel the numpy path's gathers are given.
+        # Taken later, a path switched under this sampler would mix its bound Ring with
+        # another path's gathers.
+        ext = self._gather_ext = _kernels.get('_gather_ext')
+        self._kernel = None if ext is None else ext.Ring(
+            ring.frames, ring.epstep, ring.flags, ring.action, ring.reward, ring.block_prev,
+            ring.block_next, ring.block_gen, ring.block_fill, ring.history_len,
+            ring.block_size, ring.zero_slot)
         self._stacked: tuple[np.ndarray, np.ndarray] | None = None
         self._pool = ArrayPool()  # the arrays of batches nobody holds any more, refilled
 
@@ -111,7 +121,8 @@ class Sampler:
                         np.empty(batch_size, bool)))
                 kernel.comb(slots, layout == 'NCHW', *out)
                 return out
-            comb_state = gather_frames(ring.frames, ring.frame_index(slots), layout)
+            comb_state = gather_frames(ring.frames, ring.frame_index(slots), layout,
+                                       kernel=self._gather_ext)
             batch = [comb_state, ring.action[slots], ring.reward[slots],
                      (ring.flags[slots] & _TERMINATED) != 0]
         if out is None:
@@ -205,19 +216,14 @@ class Sampler:
                            extras=dict(zip(extras, more)))
 
     def kernel(self, frames: int = 1, layout: str = 'NCHW') -> Any:
-        """The C sampler bound to the ring's tables (:func:`expreplay.storage._gather.Ring`), or
-        None: not built, switched off (:func:`expreplay._kernels.numpy_only`), or a
-        layout it does not take (channels-last needs 1-byte frames, at most 8 a row). The
-        defaults ask only whether the kernel is there (for the draw)."""
-        ring = self.ring
-        if not _gather.sampler_takes(ring.frames, frames, layout):
-            return None
+        """The C sampler bound to the ring's tables (``_gather_ext.Ring``), or None: this
+        sampler was built without it (not built, or inside
+        :func:`expreplay._kernels.numpy_only`), or a layout it does not take (channels-last
+        needs 1-byte frames, at most 8 a row). The defaults ask only whether the sampler has
+        it (for the draw)."""
         kernel = self._kernel
-        if kernel is None:
-            kernel = self._kernel = _gather.Ring(
-                ring.frames, ring.epstep, ring.flags, ring.action, ring.reward, ring.block_prev,
-                ring.block_next, ring.block_gen, ring.block_fill, ring.history_len,
-                ring.block_size, ring.zero_slot)
+        if kernel is None or not _gather.sampler_takes(self.ring.frames, frames, layout):
+            return None
         return kernel
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> int:
@@ -311,13 +317,13 @@ class Sampler:
         h = ring.history_len
         idx = ring.history_index(slots)
         if layout != 'NHWC' or h == 1:
-            return gather_frames(ring.frames, idx, layout)
+            return gather_frames(ring.frames, idx, layout, kernel=self._gather_ext)
         start = slots - (h - 1)
         straight = (idx == start[:, None] + np.arange(h)).all(axis=1)
         out = self._stacked_view()[np.where(straight, start, 0)]
         bent = ~straight
         if bent.any():
-            out[bent] = gather_frames(ring.frames, idx[bent], layout)
+            out[bent] = gather_frames(ring.frames, idx[bent], layout, kernel=self._gather_ext)
         return out
 
     def _stacked_view(self) -> np.ndarray:

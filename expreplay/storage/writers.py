@@ -9,11 +9,11 @@ current observation's slot): every write of the ring's tables is the ring's own
 The rules of what may be written are :mod:`expreplay.storage._inputs`. Both classes are
 re-exported by :mod:`expreplay.storage.memory`.
 
-The common cases run in the ring's optional C kernel (a ``Store`` the ring binds once to its
-tables and a writer's cursors): a single lane's :meth:`LaneWriter.add_step` and
-:meth:`LaneWriter.start_episode`, and a step of many lanes (:meth:`BatchWriter.try_add_steps`).
-Writers built inside :func:`expreplay._kernels.numpy_only` take the numpy path (what the tests
-do to check both).
+The common cases run in the ring's optional C kernel (a ``Store`` the ring binds to its
+tables and a writer's cursors when the writer is built): a single lane's
+:meth:`LaneWriter.add_step` and :meth:`LaneWriter.start_episode`, and a step of many lanes
+(:meth:`BatchWriter.try_add_steps`). Writers built inside :func:`expreplay._kernels.numpy_only`
+take the numpy path for good (what the tests do to check both).
 
 A writer dropped without :meth:`~BatchWriter.close` gives its blocks back when it is garbage
 collected (a finalizer queues them; the memory retires them at its next block claim, and
@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .. import _kernels
 from .._checks import check_bool, check_int
 from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
                       check_frames, check_reward, check_rewards)
@@ -95,7 +96,10 @@ class BatchWriter:
         self._cur_off = np.full(k, -1, np.int64)
         self._safe = np.zeros(1, np.int64)   # an array: the C kernel counts it down too
         self._closed = False
-        self._store: Any = None      # the ring's C kernel bound to these cursors, at first use
+        # The ring's C kernel bound to these cursors and the ring's tables (None: numpy), taken
+        # here, once (expreplay._kernels): bound at first use instead, a path switched under
+        # the live writer would decide, and its lanes' writes would mix the two paths.
+        self._store: Any = ring.bind_kernel(_kernels.get('_write_ext'), self._cursors())
         # Not a method of self (it would keep the writer alive), and the memory by weak
         # reference (a memory holding its legacy writer would otherwise never be freed).
         self._finalizer = weakref.finalize(self, _give_back, weakref.ref(ring), self._block)
@@ -195,9 +199,7 @@ class BatchWriter:
             extras = check_extras(extras, _extra_fields(ring), len(lanes))
         store = self._store
         if store is None:
-            store = self._store = ring.bind_kernel(self._cursors())
-            if store is None:
-                return False
+            return False
         # The slots the steps are taken from (published by the kernel), gathered only when the
         # ring needs them: for the extras, or for a distribution that tracks slots.
         taken = self._cur_slot[lanes] if extras or ring.distribution.tracks_slots else None
@@ -223,8 +225,9 @@ class BatchWriter:
         return True
 
     def kernel_binding(self) -> Any:
-        """The ring's C kernel bound to this writer's cursors (None when not built)."""
-        return self._ring.bind_kernel(self._cursors())
+        """The ring's C kernel bound to this writer's cursors when it was built (None: not
+        built, or the writer was built inside :func:`expreplay._kernels.numpy_only`)."""
+        return self._store
 
     # ------------------------------------------------------------------ internals
     def _cursors(self) -> tuple[np.ndarray, ...]:
@@ -305,7 +308,8 @@ class LaneWriter:
         self._ring = ring = memory.ring
         self._writer = BatchWriter(memory, 1)
         # The ring's C kernel bound to this lane's cursors, for add_step's and start_episode's
-        # common case (None: not built, or a memory whose steps it does not take: extra
+        # common case: the binding its batch writer took when built just above (one moment,
+        # expreplay._kernels); None: numpy, or a memory whose steps it does not take (extra
         # fields, float frames).
         self._store = (self._writer.kernel_binding()
                        if not ring.extras and ring.dtype.kind in 'iub' else None)

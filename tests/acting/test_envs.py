@@ -8,6 +8,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay.acting.envs import (NO_LIVES, AsyncVectorAdapter, FrameFormat, FrameHistory,
                             SingleEnvAdapter, VectorEnvAdapter, adapt_env)
+from expreplay.acting.policy import EpsilonGreedy
 from kernel_paths import kernel_path
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode, encode
 
@@ -206,7 +207,7 @@ def test_frame_format_reshapes_and_refuses_lossy_casts():
 
 @pytest.mark.parametrize('kernel', ['C kernels', 'numpy'])
 def test_frame_history_is_channels_last_oldest_first_zero_padded(kernel):
-    with kernel_path(kernel, '_acting_ext'):
+    with kernel_path(kernel, '_acting_ext', '_gather_ext'):
         h = FrameHistory(2, (6,), 3, np.uint8)
     h.start([0, 1], np.stack([encode(0, 0, 0), encode(1, 0, 0)]))
     h.push([1], encode(1, 0, 1)[None])
@@ -222,6 +223,27 @@ def test_frame_history_is_channels_last_oldest_first_zero_padded(kernel):
     assert [decode(h.states([1])[0, :, k]) for k in range(3)] == [None, None, (1, 1, 0)]
     assert [decode(h.states([0])[0, :, k]) for k in range(3)] == [None, None, (0, 0, 0)]
     assert h.states([]).shape == (0, 6, 3)
+
+
+@pytest.mark.parametrize('built, used', [('C kernels', 'numpy'), ('numpy', 'C kernels')])
+def test_a_history_and_a_policy_keep_the_path_they_were_built_with(built, used):
+    """One moment (:mod:`expreplay._kernels`): a frame history and an epsilon-greedy policy
+    take their kernels when built; used under the other path, they keep theirs."""
+    names = ('_acting_ext', '_gather_ext')
+    with kernel_path(built, *names):
+        h = FrameHistory(2, (6,), 3, np.uint8)
+        policy = EpsilonGreedy([np.random.default_rng(0)], [np.arange(2)], 4)
+    c = built == 'C kernels'
+    with kernel_path(used, *names):
+        assert (h.kernel is not None) == c and (h._gather_ext is not None) == c
+        assert (policy._ext is not None) == c
+        h.start([0, 1], np.stack([encode(0, 0, 0), encode(1, 0, 0)]))
+        h.push([1], encode(1, 0, 1)[None])
+        assert [decode(h.states([1])[0, :, k]) for k in range(3)] == [None, (1, 0, 0), (1, 0, 1)]
+        actions, greedy = policy.draw(np.arange(2), 0.0, np.ones(2, bool))
+        assert greedy.tolist() == [0, 1]
+        policy.act_greedy(np.array([[0, 1, 3, 2], [5, 0, 0, 0]], np.float32), greedy, actions)
+        assert actions.tolist() == [2, 0]
 
 
 class FakeEngine:

@@ -4,18 +4,17 @@ import pytest
 
 from expreplay import _kernels
 from expreplay.storage._gather import gather_frames
-from kernel_paths import kernel_path
+from kernel_paths import PATHS, kernel_path
 
 N = 40  # ring slots
 
 
-@pytest.fixture(params=['auto', 'numpy', 'ext'])
+@pytest.fixture(params=PATHS)
 def impl(request):
-    """'auto': whatever gather_frames picks; 'numpy': the kernels switched off; 'ext': the C
-    extension (skipped when it is not built)."""
-    with kernel_path('numpy' if request.param == 'numpy' else 'C kernels',
-                     *(['_gather_ext'] if request.param == 'ext' else [])):
-        yield request.param
+    """The gather kernel a caller built on each path takes (the C extension, skipped when it is
+    not in use here; None on the numpy path), to give gather_frames as ``kernel``."""
+    with kernel_path(request.param, '_gather_ext'):
+        yield _kernels.get('_gather_ext')
 
 
 def reference(frames, idx, layout):
@@ -44,11 +43,11 @@ def test_matches_numpy(impl, shape, dtype, K, layout):
     for B in (1, 7, 64):
         idx = history_idx(rng, B, K)
         want = reference(frames, idx, layout)
-        got = gather_frames(frames, idx, layout)
+        got = gather_frames(frames, idx, layout, kernel=impl)
         assert got.dtype == frames.dtype and got.flags.c_contiguous
         np.testing.assert_array_equal(got, want)
         out = np.full(want.shape, 7, frames.dtype)
-        assert gather_frames(frames, idx, layout, out=out) is out
+        assert gather_frames(frames, idx, layout, out=out, kernel=impl) is out
         np.testing.assert_array_equal(out, want)
 
 
@@ -63,7 +62,7 @@ def test_uint8_nhwc_vector_loop_and_tail(impl, K, frame_size):
     want = reference(frames, idx, 'NHWC')
     buf = np.full(want.size + 16, 0xAB, np.uint8)
     out = buf[:want.size].reshape(want.shape)
-    gather_frames(frames, idx, 'NHWC', out=out)
+    gather_frames(frames, idx, 'NHWC', out=out, kernel=impl)
     np.testing.assert_array_equal(out, want)
     assert (buf[want.size:] == 0xAB).all()
 
@@ -72,12 +71,14 @@ def test_uint8_nhwc_vector_loop_and_tail(impl, K, frame_size):
 def test_indices_like_numpy(impl, layout):
     frames = random_frames(np.random.default_rng(1), (6, 7), np.uint8)
     idx = np.array([[-1, 0, 1, 2, 3], [N - 1, -N, 5, 6, 7]])
-    np.testing.assert_array_equal(gather_frames(frames, idx, layout), reference(frames, idx, layout))
-    np.testing.assert_array_equal(gather_frames(frames, idx.astype(np.int32) % N, layout),
+    np.testing.assert_array_equal(gather_frames(frames, idx, layout, kernel=impl),
+                                  reference(frames, idx, layout))
+    np.testing.assert_array_equal(gather_frames(frames, idx.astype(np.int32) % N, layout,
+                                                kernel=impl),
                                   reference(frames, idx % N, layout))
     for bad in (N, -N - 1):
         with pytest.raises(IndexError):
-            gather_frames(frames, np.array([[0, 1, 2, 3, bad]]), layout)
+            gather_frames(frames, np.array([[0, 1, 2, 3, bad]]), layout, kernel=impl)
 
 
 @pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
@@ -111,9 +112,8 @@ def test_bad_arguments_raise():
 
 
 def test_extension_validates_its_arguments():
-    ext = _kernels.loaded('_gather_ext')
-    if ext is None:
-        pytest.skip('C extension expreplay.storage._gather_ext not built')
+    with kernel_path('C kernels', '_gather_ext'):
+        ext = _kernels.get('_gather_ext')
     frames = np.zeros((N, 6, 7), np.uint8)
     out = np.zeros((4, 6, 7, 5), np.uint8)
     idx = np.zeros((4, 5), np.intp)
@@ -135,14 +135,13 @@ def test_extension_validates_its_arguments():
 def test_the_memory_sampler_resolves_histories_like_the_memory():
     """The memory's C sampler (Ring) gives exactly BlockRing.history_index + gather_frames for the
     states, and _n_step's walk, at episode starts (zero frames) and across block edges (the
-    lane's previous block), in both layouts; and it refuses bad slots and buffers."""
-    ext = _kernels.get('_gather_ext')
-    if ext is None:
-        pytest.skip('the C sampler is not built here, or the suite runs on numpy')
+    lane's previous block), in both layouts; and it refuses bad slots and buffers. (The
+    reference gather is gather_frames' numpy path.)"""
     from expreplay import ReplayMemory
     rng = np.random.default_rng(0)
     for h in (1, 2, 4, 5):
-        mem = ReplayMemory(200, (6, 7), h, block_size=max(h, 6))
+        with kernel_path('C kernels', '_gather_ext'):
+            mem = ReplayMemory(200, (6, 7), h, block_size=max(h, 6))
         writers = [mem.new_writer() for _ in range(3)]
         for i in range(3000):
             w = writers[i % 3]

@@ -11,7 +11,7 @@ import pytest
 
 import expreplay.storage.memory
 from expreplay import CheckpointError, ReplayMemory
-from expreplay import _kernels
+from kernel_paths import PATHS, kernel_path
 from test_memory import FRAME_SHAPE, StreamModel, action_of, decode, encode, reward_of
 
 FIELDS = {'lives': 'int8', 'segment': 'int32', 'score': 'float32', 'flag': 'bool'}
@@ -142,15 +142,17 @@ def test_batch_writer_random_subsets_extras(num_lanes, history_len, max_size, bl
 
 
 @pytest.mark.parametrize('prioritized', [False, True])
-def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
+@pytest.mark.parametrize('path', PATHS)
+def test_the_c_kernels_common_step_writes_extras_and_priorities(path, prioritized):
     rng = np.random.default_rng(3)
-    mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, extra_fields=FIELDS,
-                       prioritized=prioritized)
-    calls = write_batches(mem, 4, 2000, rng, fast=True)
-    if _kernels.get('_write_ext') is None:
-        assert calls == 0
-        pytest.skip("the C kernel is not used here (not built, or --kernels numpy): the general path was checked")
-    assert calls > 1000                         # most steps went through the kernel
+    with kernel_path(path, '_write_ext'):
+        mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, extra_fields=FIELDS,
+                           prioritized=prioritized)
+        calls = write_batches(mem, 4, 2000, rng, fast=True)     # its writer built here
+    if path == 'numpy':
+        assert calls == 0                       # the general path took every step
+    else:
+        assert calls > 1000                     # most steps went through the kernel
     check_every_valid_slot(mem)
     assert check_batch_extras(mem, mem.sample(256, rng=rng)) == 256
     if prioritized:
@@ -160,13 +162,12 @@ def test_the_c_kernels_common_step_writes_extras_and_priorities(prioritized):
         np.testing.assert_array_equal(in_tree, (mem.ring.flags[:mem.num_slots] & 1) != 0)
 
 
-def test_the_c_kernel_now_serves_prioritized_memories(monkeypatch):
+def test_the_c_kernel_now_serves_prioritized_memories():
     """A prioritized memory's common step goes through the kernel (it used to be refused),
     and its new steps enter the tree at the running max priority."""
-    if _kernels.get('_write_ext') is None:
-        pytest.skip("the C kernel is not used here (not built, or --kernels numpy)")
-    mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, prioritized=True)
-    bw = mem.new_batch_writer(2)
+    with kernel_path('C kernels', '_write_ext'):
+        mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, prioritized=True)
+        bw = mem.new_batch_writer(2)
     lanes = np.arange(2)
     frames = np.stack([encode(j, 1, 0) for j in lanes])
     bw.start_episodes(lanes, frames)
@@ -260,9 +261,8 @@ def test_bad_extras_of_a_batch_name_the_field_and_change_nothing(change, match):
         bw.add_steps(*args, extras=change(good))
     with pytest.raises(ValueError, match=match):
         bw.add_steps(*args, checked=True, extras=change(good))     # checked: extras still are
-    if _kernels.get('_write_ext') is not None:
-        with pytest.raises(ValueError, match=match):
-            bw.try_add_steps(*args, extras=change(good))
+    with pytest.raises(ValueError, match=match):   # checked first, on either path
+        bw.try_add_steps(*args, extras=change(good))
     assert_untouched(mem, before)
 
 

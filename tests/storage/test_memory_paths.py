@@ -306,3 +306,38 @@ def test_many_writers_and_a_sampler_reusing_its_buffers_see_only_what_was_writte
     assert len(sampled) >= 10
     for batch in sampled:
         check_n_step(batch, merged, history_len, n, gamma, layout)
+
+
+@pytest.mark.parametrize('built, used', [('C kernels', 'numpy'), ('numpy', 'C kernels')])
+def test_a_memory_and_its_writers_keep_the_path_they_were_built_with(built, used):
+    """One moment (:mod:`expreplay._kernels`): the sampler, the priority tree and a writer's
+    binding are taken when each is built; used under the other path, they keep theirs (also the
+    tree a prioritized memory builds anew, as after a failed load)."""
+    names = ('_gather_ext', '_write_ext', '_tree_ext')
+    with kernel_path(built, *names):
+        mem = ReplayMemory(400, FRAME_SHAPE, 4, block_size=20, prioritized=True)
+        lane, batch = mem.new_writer(), mem.new_batch_writer(2)
+    c = built == 'C kernels'
+    with kernel_path(used, *names):
+        lane.start_episode(encode(0, 1, 0))
+        for t in range(30):
+            lane.add_step(action_of(0, 1, t), reward_of(0, 1, t), encode(0, 1, t + 1))
+        lanes = np.arange(2)
+        batch.start_episodes(lanes, np.stack([encode(j + 1, 1, 0) for j in lanes]))
+        taken = 0
+        for t in range(30):
+            args = (lanes, np.zeros(2, np.int64), np.zeros(2),
+                    np.stack([encode(j + 1, 1, t + 1) for j in lanes]), np.zeros(2, bool),
+                    np.zeros(2, bool))
+            if batch.try_add_steps(*args):
+                taken += 1
+            else:
+                batch.add_steps(*args, checked=True)
+        assert taken > 20 if c else taken == 0
+        assert (mem.sampler.kernel() is not None) == c
+        assert (batch.kernel_binding() is not None) == c
+        assert (mem.ring.priorities.tree._ext is not None) == c
+        sample = mem.sample(32)
+        assert [decode(f) for f in sample.state[..., -1]].count(None) == 0
+        mem.ring.distribution.reset(mem.ring.flags)      # a new tree, as a failed load builds
+        assert (mem.ring.priorities.tree._ext is not None) == c

@@ -11,24 +11,24 @@ import pytest
 from expreplay import ReplayMemory
 from expreplay.storage.priority import SumMinTree
 from expreplay import _kernels
-from kernel_paths import kernel_path
+from kernel_paths import PATHS, kernel_path
 from test_memory import FRAME_SHAPE, action_of, decode, encode, reward_of
 from test_nstep import Script, ScriptedWriters
 
 VALID = 1
 
 
-@pytest.fixture(autouse=True, params=['C', 'numpy'])
+@pytest.fixture(autouse=True, params=PATHS)
 def tree_impl(request):
     """Every test with the optional C tree kernel and with the numpy tree it stands in for."""
-    with kernel_path('numpy' if request.param == 'numpy' else 'C kernels', '_tree_ext'):
+    with kernel_path(request.param, '_tree_ext'):
         yield request.param
 
 
 def test_the_kernel_validates_its_arguments(tree_impl):
-    _tree_ext = _kernels.loaded('_tree_ext')
-    if tree_impl != 'C':
+    if tree_impl == 'numpy':
         pytest.skip("C only")
+    _tree_ext = _kernels.get('_tree_ext')
     tree = SumMinTree(100, fanout=4)
     sums, mins = tree.sum_levels, tree.min_levels
     out = np.empty(3, np.int64)

@@ -3,8 +3,9 @@ and :class:`FrameHistory` (the last ``history_len`` frames of each sub-environme
 episode, which is what the predictor sees).
 
 ``FrameHistory.states`` computes its gather rows in the optional C kernel
-``expreplay.acting._acting_ext``; a history built inside :func:`expreplay._kernels.numpy_only`
-uses numpy (what the tests do to check both).
+``expreplay.acting._acting_ext`` and gathers the frames with ``expreplay.storage._gather_ext``;
+a history built inside :func:`expreplay._kernels.numpy_only` uses numpy for both, for good (what
+the tests do to check both).
 """
 
 from __future__ import annotations
@@ -82,7 +83,12 @@ class FrameHistory:
         self._base = np.arange(num_lanes, dtype=np.int64) * h     # each lane's first row
         self._ring = np.arange(1, h + 1)
         self._rows = np.zeros((num_lanes, h), np.intp)             # states()' scratch
-        self._ext = _kernels.get('_acting_ext')      # chosen once per history
+        # The kernels, chosen once, here (expreplay._kernels): the acting kernel (its rows,
+        # and the acting group's push_steps on these buffers) and the gather kernel states()
+        # gives gather_history. Switched under a live history, the group's bound kernel and
+        # this history's own calls would take different paths over the same buffers.
+        self._ext = _kernels.get('_acting_ext')
+        self._gather_ext = _kernels.get('_gather_ext')
 
     def start(self, lanes: npt.ArrayLike, frames: np.ndarray) -> None:
         """Begin a new episode in each of ``lanes`` with its first frame ``frames[j]``."""
@@ -125,4 +131,4 @@ class FrameHistory:
             self._ext.history_rows(lanes, self._pos, self._base, self.history_len, rows)
         else:
             rows = self._base[lanes][:, None] + (self._pos[lanes][:, None] + self._ring) % self.history_len
-        return gather_history(self._frames, rows)
+        return gather_history(self._frames, rows, self._gather_ext)
