@@ -120,6 +120,10 @@ def argument_parser():
     p.add_argument('--prioritized', action='store_true',
                    help='proportional prioritized replay (alpha 0.6, beta 0.4 -> 1 over the run)')
     p.add_argument('--n-step', type=int, default=1, help='n-step returns')
+    p.add_argument('--updates-per-call', type=positive, default=4,
+                   help="updates made by one call of the compiled update, on as many minibatches "
+                        "drawn at once for as many frames (still one update per frame; the "
+                        "target update must be a multiple of it)")
     p.add_argument('--players', type=positive, default=1,
                    help="envs acting at once, in the simulator threads (see 'Players and "
                         "staleness' above); 1: the paper's one env, stepped inline by the "
@@ -141,8 +145,19 @@ def argument_parser():
     return p
 
 
+def parse_args(argv=None):
+    """The flags, checked against each other."""
+    parser = argument_parser()
+    args = parser.parse_args(argv)
+    if args.target_update % args.updates_per_call:
+        parser.error(f"--target-update ({args.target_update}) must be a multiple of "
+                     f"--updates-per-call ({args.updates_per_call}): the target is copied "
+                     "between calls")
+    return args
+
+
 if __name__ == '__main__':
-    _args = argument_parser().parse_args()   # --help and bad flags answer before JAX loads
+    _args = parse_args()   # --help and bad flags answer before JAX loads
     print(f"DQN (JAX) on MinAtar {GAMES[_args.game]}, {_args.frames} frames, seed {_args.seed}: "
           "loading JAX and MinAtar...", flush=True)
 
@@ -215,20 +230,22 @@ def q_values(params, states, xp=np):
     return h @ p['Dense_1']['kernel'] + p['Dense_1']['bias']
 
 
-def make_update(optimizer):
+def make_update(optimizer, updates_per_call=1):
     """The DQN update: one step on the Huber loss of the TD error against the target network,
     ``reward + discount * max_a Q_target(next_state, a)`` (``discount``: gamma ** k, 0 after a
     terminal step; ``weights``: importance weights, 1 unless prioritized).
 
     ``update(state, s, a, r, s2, discount, weights)``: the state (online weights, target
     weights, optimizer state: flax's trees) and a batch -> the new state and the |TD errors|.
-    The compiled function takes the trees as they are, not one flat vector (``ravel_pytree``),
-    the target as an argument it does not return (no copy of it per update), and the
-    convolution as a product over patches (``q_values``): the fastest of the forms timed
-    (the module docstring gives the figures).
+    With ``updates_per_call`` K > 1 the batch holds K minibatches one after the other and the
+    call makes K updates in turn (a ``lax.scan``), the same as K calls on them: one dispatch,
+    one draw and one hand-over of the weights for K updates (the module docstring gives the
+    figures). The compiled function takes the trees as they are, not one flat vector
+    (``ravel_pytree``), the target as an argument it does not return (no copy of it per
+    update), and the convolution as a product over patches (``q_values``): the fastest of the
+    forms timed.
     """
-    @jax.jit
-    def learn(params, opt_state, target, s, a, r, s2, discount, weights):
+    def one_update(params, opt_state, target, s, a, r, s2, discount, weights):
         def loss(p):
             q = q_values(p, s, jnp)[jnp.arange(s.shape[0]), a]
             td = q - (r + discount * q_values(target, s2, jnp).max(1))
@@ -237,6 +254,19 @@ def make_update(optimizer):
         (_, td), grads = jax.value_and_grad(loss, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, jnp.abs(td)
+
+    @jax.jit
+    def learn(params, opt_state, target, *batch):
+        if updates_per_call == 1:
+            return one_update(params, opt_state, target, *batch)
+
+        def step(carry, minibatch):
+            params, opt_state, td = one_update(*carry, target, *minibatch)
+            return (params, opt_state), td
+
+        minibatches = [x.reshape((updates_per_call, -1) + x.shape[1:]) for x in batch]
+        (params, opt_state), td = jax.lax.scan(step, (params, opt_state), minibatches)
+        return params, opt_state, td.reshape(-1)
 
     def update(state, s, a, r, s2, discount, weights):
         params, target, opt_state = state
@@ -250,13 +280,14 @@ def centred_rmsprop(lr):
     return optax.rmsprop(lr, decay=0.95, eps=0.01, centered=True, eps_in_sqrt=False)
 
 
-def build_learner(num_actions, channels, seed, lr):
+def build_learner(num_actions, channels, seed, lr, updates_per_call=1):
     """The network, its optimizer, the learner's initial state (online weights, target
-    weights, optimizer state: flax's trees) and the jitted update."""
+    weights, optimizer state: flax's trees) and the jitted update (``make_update``)."""
     network = QNetwork(num_actions)
     params = network.init(jax.random.PRNGKey(seed), jnp.zeros((1, 10, 10, channels)))
     optimizer = centred_rmsprop(lr)
-    return network, optimizer, (params, params, optimizer.init(params)), make_update(optimizer)
+    return (network, optimizer, (params, params, optimizer.init(params)),
+            make_update(optimizer, updates_per_call))
 
 
 def epsilon(frame, args):
@@ -462,7 +493,9 @@ def train(args):
     env = make_env(args.game)
     channels, num_actions = env.observation_space.shape[-1], env.action_space.n
     env.close()
-    network, optimizer, state, update = build_learner(num_actions, channels, args.seed, args.lr)
+    per_call = args.updates_per_call
+    network, optimizer, state, update = build_learner(num_actions, channels, args.seed, args.lr,
+                                                      per_call)
 
     # Resume: the learner's file and the memory's checkpoint, saved at the same frame.
     learner_frames, updates = None, 0
@@ -484,8 +517,10 @@ def train(args):
         LaggedPopulation(lambda: StartProbe(make_env(args.game), lag, args.env_ms / 1000), args.players, policy,
                          lag=lag, maximum_staleness=args.staleness, seed=seed,
                          on_episode_end=episodes),
-        Sampling(args.batch_size, update_frequency=1, n_step=args.n_step, gamma=args.gamma,
-                 seed=seed, beta=(lambda k: min(1.0, 0.4 + 0.6 * (resumed_updates + k) / args.frames))
+        # One update per frame: per_call minibatches drawn at once for per_call frames.
+        Sampling(args.batch_size * per_call, update_frequency=per_call, n_step=args.n_step,
+                 gamma=args.gamma, seed=seed,
+                 beta=(lambda k: min(1.0, 0.4 + 0.6 * (resumed_updates + per_call * k) / args.frames))
                  if args.prioritized else None),
         init_memory_size=args.replay_start, progress=False,   # single-env players: no prefetch thread
         checkpoint_dir=args.checkpoint_dir and os.path.join(args.checkpoint_dir, 'memory'))
@@ -519,7 +554,7 @@ def train(args):
                                            batch.next_state[..., 0], batch.discount, batch.weights)
                     policy.load(state[0])   # the weights before this update act for the next frames
                     state = new_state
-                    updates += 1
+                    updates += per_call
                     lag.updates = updates - resumed_updates
                     frames = memory.num_steps_written
                     if updates % args.target_update == 0:
@@ -586,7 +621,7 @@ def evaluate(network, params, game, episodes, seed, max_frames=10_000):
 
 
 def main(argv=None):
-    args = argument_parser().parse_args(argv)
+    args = parse_args(argv)
     # The first Ctrl-C or SIGTERM (``kill``, a batch scheduler ending a job) stops the run as
     # Ctrl-C does; the ones after it only print a line until the saves are done.
     with stop_on_signals():

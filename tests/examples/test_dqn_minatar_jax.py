@@ -28,9 +28,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 EXAMPLE_DIR = os.path.join(ROOT, 'examples')
 
 # The paper's agent on a shorter clock: a 30k-frame memory learning from frame 1,000, epsilon
-# 1 -> 0.1 over 5k frames, the target network copied every 250 updates, a 4x larger step size.
+# 1 -> 0.1 over 5k frames, the target network copied every 252 updates (a multiple of the
+# updates per call), a 4x larger step size.
 CI_ARGS = ['--game', 'breakout', '--frames', '30000', '--replay-start', '1000',
-           '--memory-size', '30000', '--exploration-frames', '5000', '--target-update', '250',
+           '--memory-size', '30000', '--exploration-frames', '5000', '--target-update', '252',
            '--lr', '1e-3', '--log-every', '1e9']
 EVAL_EPISODES = 100
 BAR = 3.5
@@ -75,17 +76,60 @@ def test_a_defect_in_what_the_learner_is_fed_fails_the_bar(defect):
     assert score < BAR, f"{defect}: greedy mean {score:.2f} still reaches {BAR}\n{out[-1500:]}"
 
 
+class RewardOneStepLate:
+    """Each step stores the previous step's reward (0 for an episode's first)."""
+
+    def __init__(self):
+        self.previous = 0.0
+
+    def __call__(self, env, result):
+        obs, reward, terminated, truncated, info = result
+        reward, self.previous = self.previous, (0.0 if terminated or truncated else reward)
+        return obs, reward, terminated, truncated, info
+
+
+class EpisodeEndUnmarked:
+    """An episode's end is not stored: its last step leads, unmarked, to the first frame of
+    the next episode (the env is reset under it)."""
+
+    def __call__(self, env, result):
+        obs, reward, terminated, truncated, info = result
+        if terminated or truncated:
+            obs, info = env.reset()
+        return obs, reward, False, False, info
+
+
+# Defects in what the players store: between the env and the memory's write, in the players'
+# envs only (the greedy evaluation plays the real game). MinAtar's example keeps one frame per
+# state, so a history frame from the previous episode cannot arise here.
+STORED_DEFECTS = {'reward-one-step-late': RewardOneStepLate,
+                  'episode-end-unmarked': EpisodeEndUnmarked}
+
+
 def main(defect, seed, *extra):
     sys.path.insert(0, EXAMPLE_DIR)
     import dqn_minatar_jax
     from expreplay import ReplayMemory
 
-    alter, rng, sample = DEFECTS[defect], np.random.default_rng(int(seed)), ReplayMemory.sample
+    if defect in STORED_DEFECTS:
+        make_defect, probe = STORED_DEFECTS[defect], dqn_minatar_jax.StartProbe
 
-    def sample_with_defect(self, *args, **kwargs):
-        return alter(sample(self, *args, **kwargs), rng)
+        class StoringDefect(probe):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.defect = make_defect()
 
-    ReplayMemory.sample = sample_with_defect
+            def step(self, action):
+                return self.defect(self.env, super().step(action))
+
+        dqn_minatar_jax.StartProbe = StoringDefect
+    else:
+        alter, rng, sample = DEFECTS[defect], np.random.default_rng(int(seed)), ReplayMemory.sample
+
+        def sample_with_defect(self, *args, **kwargs):
+            return alter(sample(self, *args, **kwargs), rng)
+
+        ReplayMemory.sample = sample_with_defect
     dqn_minatar_jax.main(CI_ARGS + ['--seed', seed, '--eval-episodes', str(EVAL_EPISODES), *extra])
 
 
@@ -111,7 +155,7 @@ def returns_rows(path):
 
 @pytest.mark.slow
 def test_a_run_resumed_from_its_checkpoint_continues_its_curve(tmp_path):
-    common = ['--replay-start', '300', '--memory-size', '2000', '--target-update', '50',
+    common = ['--replay-start', '300', '--memory-size', '2000', '--target-update', '48',
               '--log-every', '0', '--checkpoint-dir', 'ckpt', '--returns', 'returns.csv',
               '--checkpoint-every', '500', '--prioritized', '--n-step', '3']
     first = example(['--frames', '1200', *common], tmp_path)
@@ -256,7 +300,7 @@ def test_kill_during_the_fill_saves_it_and_the_resumed_run_goes_on_from_it(tmp_p
 def test_several_players_with_a_staleness_window_train_and_log_their_frames(tmp_path):
     # ~17 s on 2 cores (load average 1.5), most of it JAX's import and compilation.
     out = example(['--players', '2', '--staleness', '4', '--frames', '1000', '--replay-start', '200',
-                   '--memory-size', '1500', '--target-update', '50', '--log-every', '0',
+                   '--memory-size', '1500', '--target-update', '48', '--log-every', '0',
                    '--returns', 'returns.csv'], tmp_path)
     assert '2 players' in out, out[:500]
     done = re.search(r'^training done: (\d+) frames, (\d+) games in \d+ s, '
@@ -323,6 +367,19 @@ for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 np.testing.assert_allclose(np.asarray(td), np.abs(np.asarray(err)), rtol=1e-5, atol=1e-6)
 assert got_target is target
+
+# K updates in one call (--updates-per-call) are the K updates made one call each, on the
+# batch's K minibatches in order.
+big = tuple(np.concatenate([x] + [np.roll(x, k + 1, axis=0) for k in range(3)]) for x in batch)
+(one_by_one, _, opt_one), tds = state, []
+for k in range(4):
+    (one_by_one, _, opt_one), td = ex.make_update(optimizer)(
+        (one_by_one, target, opt_one), *(x[32 * k:32 * (k + 1)] for x in big))
+    tds.append(np.asarray(td))
+(in_one, _, opt_in_one), td = ex.make_update(optimizer, 4)(state, *big)
+for g, w in zip(jax.tree.leaves((in_one, opt_in_one)), jax.tree.leaves((one_by_one, opt_one))):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
+np.testing.assert_allclose(np.asarray(td), np.concatenate(tds), rtol=1e-5, atol=1e-6)
 
 # A learner file of the example's earlier layout (one flat vector per tree) is read as the tree.
 flat, unravel = ravel_pytree(params)
