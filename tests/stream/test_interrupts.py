@@ -158,8 +158,11 @@ def test_the_memory_wraps_the_handlers_installed_before_it(tmp_path):
         "for s in (signal.SIGINT, signal.SIGTERM):\n"
         "    h = signal.getsignal(s)\n"
         "    print(type(h).__name__, h.handler.__name__)\n")
+    # SIGINT at its default in the child, so that Python installs its own handler there even
+    # when this run inherited SIGINT ignored (a job started in a shell's background).
     out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                         timeout=120, stdin=subprocess.DEVNULL)
+                         timeout=120, stdin=subprocess.DEVNULL,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert out.returncode == 0, out.stderr
     assert out.stdout.split('\n')[:2] == ['DeferredHandler default_int_handler',
                                           'DeferredHandler stop']
