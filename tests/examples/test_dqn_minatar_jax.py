@@ -8,7 +8,8 @@ margin are in docs/minatar.md. The same run is then made with one defect injecte
 memory and the learner (each batch altered as a sampling bug would alter it): rewards zeroed,
 actions shuffled across the batch (each transition paired with another's action), the next
 state one frame off (the state itself). Each must fail the bar: a bar those pass would not catch
-a real defect.
+a real defect. Defects in what the players store (between the env and the memory's write)
+are injected the same way: an episode end not marked.
 
 Each run is a subprocess that imports the example and runs its ``main`` (this file, run as a
 script, is that subprocess).
@@ -72,6 +73,18 @@ def test_short_breakout_run_reaches_the_bar():
 @pytest.mark.timeout(LEARNING_TIMEOUT)
 @pytest.mark.parametrize('defect', [d for d in DEFECTS if d != 'none'])
 def test_a_defect_in_what_the_learner_is_fed_fails_the_bar(defect):
+    score, out = run(defect)
+    assert score < BAR, f"{defect}: greedy mean {score:.2f} still reaches {BAR}\n{out[-1500:]}"
+
+
+# A reward stored one step late is not in this list: DQN learns nearly as well with it (a
+# greedy mean of 4.65 over seed 0's run, docs/minatar.md), so no learning bar can catch it;
+# the storage's own tests do (tests/storage/test_nstep.py checks every stored field against a
+# reference model).
+@pytest.mark.slow
+@pytest.mark.timeout(LEARNING_TIMEOUT)
+@pytest.mark.parametrize('defect', ['episode-end-unmarked'])
+def test_a_defect_in_what_is_stored_fails_the_bar(defect):
     score, out = run(defect)
     assert score < BAR, f"{defect}: greedy mean {score:.2f} still reaches {BAR}\n{out[-1500:]}"
 
