@@ -178,7 +178,9 @@ def test_a_run_resumed_from_its_checkpoint_continues_its_curve(tmp_path):
     assert rows and rows[-1][0] <= 1200
 
     second = example(['--frames', '2000', *common], tmp_path)
-    assert 'resuming from ckpt: frame 1200, update 901' in second, second[:500]
+    # The first call comes at the fill's end (300 frames), then one every K = 4 frames (the
+    # default --updates-per-call), K updates each: 1 + 900 / 4 calls by frame 1200.
+    assert 'resuming from ckpt: frame 1200, update 904' in second, second[:500]
     assert 'transitions in the memory' in second and 'at random first' not in second
     frames = [int(m) for m in
               (line.split()[1] for line in second.splitlines() if line.startswith('progress:'))]
