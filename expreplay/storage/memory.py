@@ -19,7 +19,6 @@ The public names of the writers and the input rules are re-exported here.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -39,7 +38,7 @@ from ..interrupts import protect_memory
 from .distribution import PrioritizedDistribution, SamplingDistribution, UniformDistribution
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
-from .stored_episodes import StoredEpisodes, episode_starts, read_episode
+from .stored_episodes import EpisodeReader, StoredEpisodes
 from .writers import BatchWriter, LaneWriter, TensorpackAppender
 
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
@@ -321,9 +320,7 @@ class ReplayMemory:
         counts what it skipped: ``evicted`` (evicted while the iteration went on) and
         ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
-        with self.ring.lock:
-            starts = episode_starts(self.ring)
-        return StoredEpisodes(starts, functools.partial(read_episode, self.ring))
+        return EpisodeReader(self.ring).stored()
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike[str]) -> int:
