@@ -174,7 +174,7 @@ class ReplayMemory:
     @property
     def extra_fields(self) -> dict[str, np.dtype]:
         """The extra per-step fields, name -> numpy dtype (a copy)."""
-        return {name: arr.dtype for name, arr in self.ring.extras.items()}
+        return self.ring.extra_fields
 
     # ------------------------------------------------------------------ sampling
     def __len__(self) -> int:

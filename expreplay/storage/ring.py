@@ -190,6 +190,11 @@ class BlockRing(_LaneGeometry):
         self.lock = threading.Lock()
 
     @property
+    def extra_fields(self) -> dict[str, np.dtype]:
+        """The extra per-step fields, name -> dtype (a new dict each time)."""
+        return {name: arr.dtype for name, arr in self.extras.items()}
+
+    @property
     def priorities(self) -> PriorityIndex | None:
         """The prioritized distribution's priority index (tree, running maximum), for
         reading; None for a uniform ring."""
