@@ -5,7 +5,8 @@
 * :mod:`~expreplay.storage.distribution`: how a sample draws, uniformly or by priority;
 * :mod:`~expreplay.storage.priority`: the sum tree behind prioritized sampling;
 * :mod:`~expreplay.storage.checkpoint`: ``save`` / ``load`` and the checks a loaded file passes;
-* :mod:`~expreplay.storage.stored_episodes`: what :meth:`ReplayMemory.episodes` returns.
+* :mod:`~expreplay.storage.stored_episodes`: what :meth:`ReplayMemory.episodes` returns, and
+  the reader that finds and reads the complete episodes in the ring.
 
 The optional C kernels of storage live here too (``_gather_ext``, ``_write_ext``,
 ``_tree_ext``); :mod:`expreplay._kernels` lists them, and each module that uses one falls back

@@ -19,7 +19,6 @@ The public names of the writers and the input rules are re-exported here.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -39,7 +38,7 @@ from ..interrupts import protect_memory
 from .distribution import PrioritizedDistribution, SamplingDistribution, UniformDistribution
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
-from .stored_episodes import StoredEpisodes, episode_starts, read_episode
+from .stored_episodes import EpisodeReader, StoredEpisodes
 from .writers import BatchWriter, LaneWriter, TensorpackAppender
 
 __all__ = ['Experience', 'ReplayMemory', 'LaneWriter', 'BatchWriter', 'SampleBatch', 'CheckpointError', 'as_frame',
@@ -121,7 +120,7 @@ class ReplayMemory:
         # that object in step with its tables from now on.
         distribution = (PrioritizedDistribution(alpha, priority_eps) if prioritized
                         else UniformDistribution())
-        _check_allocatable(self, extra, distribution)
+        self._check_allocatable(extra, distribution)
         # The slot and block tables, shared by the writers, the sampler and the checkpoints.
         self.ring = BlockRing(self.num_blocks, self.block_size, self.history_len,
                               self.state_shape, self.dtype, extra, distribution)
@@ -131,6 +130,18 @@ class ReplayMemory:
         # A Ctrl-C in the main thread, which may write or save this memory, waits until the
         # memory's call returns (expreplay.interrupts): the tables never half-written.
         protect_memory()
+
+    def _check_allocatable(self, extra: Mapping[str, np.dtype],
+                           distribution: SamplingDistribution) -> None:
+        """Refuse a memory that can not be allocated (:func:`check_allocatable`), naming its
+        size."""
+        frame_bytes = int(np.prod(self.state_shape)) * self.dtype.itemsize
+        per_step = (frame_bytes + 13 + sum(d.itemsize for d in extra.values())
+                    + distribution.bytes_per_slot)     # the class docstring's memory use
+        check_allocatable(
+            (self.num_slots + 1) * per_step,
+            f"ReplayMemory(max_size={self.max_size}) of {self.state_shape} {self.dtype} frames",
+            f"each step takes {per_step} bytes: choose a smaller max_size")
 
     # ------------------------------------------------------------------ writers
     def new_writer(self) -> LaneWriter:
@@ -163,7 +174,7 @@ class ReplayMemory:
     @property
     def extra_fields(self) -> dict[str, np.dtype]:
         """The extra per-step fields, name -> numpy dtype (a copy)."""
-        return {name: arr.dtype for name, arr in self.ring.extras.items()}
+        return self.ring.extra_fields
 
     # ------------------------------------------------------------------ sampling
     def __len__(self) -> int:
@@ -309,9 +320,7 @@ class ReplayMemory:
         counts what it skipped: ``evicted`` (evicted while the iteration went on) and
         ``incomplete`` (still running, abandoned, or cut by an earlier eviction).
         """
-        with self.ring.lock:
-            starts = episode_starts(self.ring)
-        return StoredEpisodes(starts, functools.partial(read_episode, self.ring))
+        return EpisodeReader(self.ring).stored()
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | os.PathLike[str]) -> int:
@@ -330,7 +339,7 @@ class ReplayMemory:
         """
         with self.ring.lock:
             counters, tables = self.ring.state()
-            return _checkpoint.write(os.fspath(path), dict(_settings(self), **counters), tables)
+            return _checkpoint.write(os.fspath(path), dict(self._settings(), **counters), tables)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, max_size: int | float | None = None,
@@ -341,6 +350,7 @@ class ReplayMemory:
         """Load a memory saved by :meth:`save`: its written slots bit-identical, its
         transitions sampled as before (a prioritized memory keeps its priorities, its running
         maximum priority and its stale-update count, so it draws exactly as it did).
+        (:meth:`restore` fills a new memory the caller already holds instead.)
 
         The memory is built with the checkpoint's settings. Pass the settings you expect (any
         of ``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
@@ -359,85 +369,90 @@ class ReplayMemory:
             max_size=max_size, state_shape=state_shape, history_len=history_len, dtype=dtype,
             block_size=block_size, prioritized=prioritized, alpha=alpha,
             priority_eps=priority_eps, extra_fields=extra_fields)
-        return _load(cls, os.fspath(path), expected)
+        return cls._load(os.fspath(path), expected)
 
+    @classmethod
+    def _load(cls, path: str, expected: Mapping[str, Any]) -> ReplayMemory:
+        """:meth:`load`: the memory built on the file's settings, its ring filled from the
+        file (and checked) by the ring itself."""
+        with _checkpoint.open_checkpoint(path) as source:
+            source.check_settings(expected)
+            config = source.settings
+            # The block tables bound everything else: check their size before building the
+            # memory (whose frames a crafted configuration could make huge).
+            max_size, bs = config['max_size'], config['block_size']
+            try:
+                _block_size(max_size, config['history_len'], bs)
+            except ValueError as err:
+                source.fail(f"bad metadata: {err}")
+            source.open('block_fill', np.int64, (_num_blocks(max_size, bs),)).close()
+            mem = source.build(lambda: cls(
+                max_size, config['state_shape'], config['history_len'], config['dtype'],
+                block_size=bs, **{k: config[k] for k in _OPTIONAL_SETTINGS if k in config}))
+            mem._fill(source)
+        return mem
 
-def _settings(mem: ReplayMemory) -> dict[str, Any]:
-    """The constructor's arguments, as a checkpoint's ``meta`` holds them."""
-    settings = dict(max_size=mem.max_size, state_shape=list(mem.state_shape),
-                    history_len=mem.history_len, dtype=mem.dtype.str, block_size=mem.block_size,
-                    prioritized=mem.prioritized,
-                    extra_fields=[[name, d.str] for name, d in mem.extra_fields.items()])
-    return dict(settings, **(mem.priority_settings or {}))
+    def restore(self, path: str | os.PathLike[str]) -> None:
+        """Fill this memory in place with the checkpoint at ``path`` (:meth:`save`'s): the
+        object the caller holds becomes the saved memory, as :meth:`load` would have built it,
+        so whatever already refers to it (a stream, a script) sees the transitions.
 
+        The memory must be new: nothing written to it and no block taken by a writer (a
+        ``ValueError`` says so otherwise). The file must have all of this memory's settings
+        (``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
+        ``prioritized``, ``alpha``, ``priority_eps``, ``extra_fields``); a
+        :class:`CheckpointError` names each that differs, and any failure to read the file
+        leaves the memory empty, as it was. ``FileNotFoundError`` when there is no file.
+        """
+        path = os.fspath(path)
+        priority: Mapping[str, float | None] = self.priority_settings or dict(
+            alpha=None, priority_eps=None)
+        expected = _checkpoint.expected_settings(
+            max_size=self.max_size, state_shape=self.state_shape,
+            history_len=self.history_len, dtype=self.dtype, block_size=self.block_size,
+            prioritized=self.prioritized, extra_fields=self.extra_fields, **priority)
+        # A misuse, not a bad file: a ValueError of its own (the file may be fine), said before
+        # the file is opened, and again if a writer took a block meanwhile.
+        self._require_new(path)
+        touched = False
+        with _checkpoint.open_checkpoint(path) as source:
+            source.check_settings(expected)
+            with self.ring.lock:
+                touched = not self.ring.untouched
+                if not touched:
+                    self._fill(source)
+        if touched:
+            self._require_new(path)
 
-def _load(cls: type[ReplayMemory], path: str, expected: Mapping[str, Any]) -> ReplayMemory:
-    """:meth:`ReplayMemory.load`: the memory built on the file's settings, its ring filled
-    from the file (and checked) by the ring itself."""
-    with _checkpoint.open_checkpoint(path) as source:
-        source.check_settings(expected)
-        config = source.settings
-        # The block tables bound everything else: check their size before building the memory
-        # (whose frames a crafted configuration could make huge).
-        max_size, bs = config['max_size'], config['block_size']
-        try:
-            _block_size(max_size, config['history_len'], bs)
-        except ValueError as err:
-            source.fail(f"bad metadata: {err}")
-        source.open('block_fill', np.int64, (_num_blocks(max_size, bs),)).close()
-        mem = source.build(lambda: cls(max_size, config['state_shape'], config['history_len'],
-                                       config['dtype'], block_size=bs,
-                                       **{k: config[k] for k in _OPTIONAL_SETTINGS if k in config}))
-        _fill(mem, source)
-    return mem
+    def _settings(self) -> dict[str, Any]:
+        """The constructor's arguments, as a checkpoint's ``meta`` holds them."""
+        settings = dict(max_size=self.max_size, state_shape=list(self.state_shape),
+                        history_len=self.history_len, dtype=self.dtype.str,
+                        block_size=self.block_size, prioritized=self.prioritized,
+                        extra_fields=[[name, d.str] for name, d in self.extra_fields.items()])
+        return dict(settings, **(self.priority_settings or {}))
+
+    def _require_new(self, path: str) -> None:
+        """Refuse to :meth:`restore` into this memory unless it is new (a ``ValueError``)."""
+        if not self.ring.untouched:
+            raise ValueError(f"ReplayMemory.restore needs a new memory: this one has "
+                             f"{self.num_steps_written} steps written or blocks taken by "
+                             f"writers, which {path} would overwrite (build a new ReplayMemory "
+                             "to restore into, or use ReplayMemory.load)")
+
+    def _fill(self, source: _checkpoint.CheckpointSource) -> None:
+        """This memory's new ring filled from ``source`` (and checked) by the ring itself."""
+        source.check_tables(self.ring.table_names())
+        self.ring.load_state(source.counters, source)
 
 
 def load_into(memory: ReplayMemory, path: str | os.PathLike[str]) -> None:
-    """Fill ``memory`` in place with the checkpoint at ``path`` (:meth:`ReplayMemory.save`'s):
-    the object the caller holds becomes the saved memory, as :meth:`ReplayMemory.load` would
-    have built it, so whatever already refers to it (a stream, a script) sees the transitions.
+    """Fill ``memory`` in place with the checkpoint at ``path``: ``memory.restore(path)``,
+    which documents it (the settings the file must have, the errors).
 
-    ``memory`` must be new: nothing written to it and no block taken by a writer (a
-    ``ValueError`` says so otherwise). The file must have all of ``memory``'s settings
-    (``max_size``, ``state_shape``, ``history_len``, ``dtype``, ``block_size``,
-    ``prioritized``, ``alpha``, ``priority_eps``, ``extra_fields``); a :class:`CheckpointError`
-    names each that differs, and any failure to read the file leaves ``memory`` empty, as it
-    was. ``FileNotFoundError`` when there is no file.
-    """
-    path = os.fspath(path)
-    priority: Mapping[str, float | None] = memory.priority_settings or dict(alpha=None,
-                                                                           priority_eps=None)
-    expected = _checkpoint.expected_settings(
-        max_size=memory.max_size, state_shape=memory.state_shape,
-        history_len=memory.history_len, dtype=memory.dtype, block_size=memory.block_size,
-        prioritized=memory.prioritized, extra_fields=memory.extra_fields, **priority)
-    # A misuse, not a bad file: a ValueError of its own (the file may be fine), said before the
-    # file is opened, and again if a writer took a block meanwhile.
-    _require_new(memory, path)
-    touched = False
-    with _checkpoint.open_checkpoint(path) as source:
-        source.check_settings(expected)
-        with memory.ring.lock:
-            touched = not memory.ring.untouched
-            if not touched:
-                _fill(memory, source)
-    if touched:
-        _require_new(memory, path)
-
-
-def _require_new(memory: ReplayMemory, path: str) -> None:
-    """Refuse a ``memory`` for :func:`load_into` that is not new (a ``ValueError``)."""
-    if not memory.ring.untouched:
-        raise ValueError(f"load_into needs a new memory: this one has "
-                         f"{memory.num_steps_written} steps written or blocks taken by "
-                         f"writers, which {path} would overwrite (build a new ReplayMemory "
-                         "to load into, or use ReplayMemory.load)")
-
-
-def _fill(mem: ReplayMemory, source: _checkpoint.CheckpointSource) -> None:
-    """``mem``'s new ring filled from ``source`` (and checked) by the ring itself."""
-    source.check_tables(mem.ring.table_names())
-    mem.ring.load_state(source.counters, source)
+    Deprecated: call :meth:`ReplayMemory.restore`. This alias stays for code written before
+    the method, and warns of nothing."""
+    memory.restore(path)
 
 
 _OPTIONAL_SETTINGS = ('prioritized', 'alpha', 'priority_eps', 'extra_fields')
@@ -456,18 +471,6 @@ def _priority_args(alpha: Any, priority_eps: Any) -> tuple[float, float]:
         raise ValueError(f"priority_eps must be > 0 (a zero priority would never be "
                          f"sampled again), got {priority_eps!r}")
     return alpha, priority_eps
-
-
-def _check_allocatable(mem: ReplayMemory, extra: Mapping[str, np.dtype],
-                       distribution: SamplingDistribution) -> None:
-    """Refuse a memory that can not be allocated (:func:`check_allocatable`), naming its size."""
-    frame_bytes = int(np.prod(mem.state_shape)) * mem.dtype.itemsize
-    per_step = (frame_bytes + 13 + sum(d.itemsize for d in extra.values())
-                + distribution.bytes_per_slot)     # the class docstring's memory use
-    check_allocatable(
-        (mem.num_slots + 1) * per_step,
-        f"ReplayMemory(max_size={mem.max_size}) of {mem.state_shape} {mem.dtype} frames",
-        f"each step takes {per_step} bytes: choose a smaller max_size")
 
 
 def _block_size(max_size: int, history_len: int, block_size: Any) -> int:

@@ -186,8 +186,13 @@ class BlockRing(_LaneGeometry):
         # Block arrays of writers collected unclosed (queued by their finalizers, lock-free).
         self.abandoned: collections.deque[np.ndarray] = collections.deque()
         self.distribution = distribution
-        _set_new(self)   # free, retired, num_valid, num_steps_written, the distribution's state
+        self._set_new()   # free, retired, num_valid, num_steps_written, the distribution's state
         self.lock = threading.Lock()
+
+    @property
+    def extra_fields(self) -> dict[str, np.dtype]:
+        """The extra per-step fields, name -> dtype (a new dict each time)."""
+        return {name: arr.dtype for name, arr in self.extras.items()}
 
     @property
     def priorities(self) -> PriorityIndex | None:
@@ -407,7 +412,29 @@ class BlockRing(_LaneGeometry):
         each written block's rows, in block order);
         active blocks are exported retired (newest last), as after their writers' ``close()``.
         Caller holds the lock (the chunks are views)."""
-        return _export_state(self)
+        # First: the distribution enters what is pending into its tables, read below.
+        distribution_counters = self.distribution.state()
+        bs = self.block_size
+        written = np.flatnonzero(self.block_fill).tolist()
+        rows = int(self.block_fill.sum())
+        active = np.flatnonzero(self.block_state == _ACTIVE)
+        out = {}
+        for name, arr, kind in self.tables():
+            if name == 'block_state':
+                arr = np.where(arr == _ACTIVE, _RETIRED, arr).astype(arr.dtype)
+            elif kind == 'queue':
+                arr = np.array(arr, np.int64)
+                if name == 'retired':
+                    arr = np.concatenate([arr, active.astype(np.int64)])
+            if kind == 'slot':
+                chunks = [arr[b * bs:b * bs + int(self.block_fill[b])] for b in written]  # views
+                out[name] = (arr.dtype, (rows,) + arr.shape[1:], chunks)
+            else:
+                out[name] = (arr.dtype, arr.shape, [arr])
+        counters: dict[str, Any] = dict(num_valid=self.num_valid,
+                                        num_steps_written=self.num_steps_written,
+                                        **distribution_counters)
+        return counters, out
 
     def table_names(self) -> list[str]:
         """The names of :meth:`state`'s tables for this ring."""
@@ -431,10 +458,49 @@ class BlockRing(_LaneGeometry):
         ``max_priority`` and ``stale_priority_updates``).
         """
         try:
-            _load_state(self, counters, source)
+            self._load_state(counters, source)
         except BaseException:
-            _set_new(self)
+            self._set_new()
             raise
+
+    def _load_state(self, counters: Mapping[str, Any], source: Any) -> None:
+        """:meth:`load_state`'s reading and checking, which may fail part-way."""
+        bs, missing = self.block_size, set(source.missing)
+        tables = [(n, a, k) for n, a, k in self.tables() if n not in missing]
+        for name, arr, kind in tables:
+            if kind == 'block':
+                source.read_into(name, [arr], arr.dtype, arr.shape)
+        fill = self.block_fill
+        if fill.min() < 0 or fill.max() > bs:
+            source.fail(f"inconsistent: block_fill outside [0, {bs}]")
+        rows = int(fill.sum())
+        written = [(b, int(fill[b])) for b in np.flatnonzero(fill).tolist()]
+        for name, arr, kind in tables:
+            if kind == 'queue':
+                queue = collections.deque(source.read_queue(name, self.num_blocks).tolist())
+                setattr(self, name, queue)
+            elif kind == 'slot':
+                source.read_into(name, [arr[b * bs:b * bs + n] for b, n in written], arr.dtype,
+                                 (rows,) + arr.shape[1:])
+        self.num_valid = counters['num_valid']
+        self.num_steps_written = counters['num_steps_written']
+        validate(self, source.fail)
+        # After the ring's checks: the distribution checks its state against the VALID flags.
+        self.distribution.load_state(counters, source.fail)
+
+    def _set_new(self) -> None:
+        """A ring nothing was written to, its tables set in place (writers and samplers keep
+        the arrays they bound): at construction, and after a :meth:`load_state` that failed
+        part-way. Slot rows stay as they are: garbage of free blocks (I2)."""
+        for table, value in ((self.block_fill, 0), (self.block_prev, -1), (self.block_next, -1),
+                             (self.block_prev_intact, False), (self.block_state, _FREE),
+                             (self.block_gen, 0), (self.flags, 0)):
+            table[:] = value
+        self.free = collections.deque(range(self.num_blocks))
+        self.retired = collections.deque()
+        self.num_valid = 0
+        self.num_steps_written = 0       # all steps ever added, for statistics
+        self.distribution.reset(self.flags)
 
     def tables(self) -> list[tuple[str, Any, str]]:
         """(name, array, kind) of every exported table (see :data:`TABLES`), for reading."""
@@ -442,70 +508,3 @@ class BlockRing(_LaneGeometry):
         out += [(EXTRA_PREFIX + field, arr, 'slot') for field, arr in self.extras.items()]
         return out + self.distribution.tables()
 
-
-def _export_state(ring: BlockRing) -> tuple[dict[str, Any], dict[str, tuple[np.dtype, tuple[int, ...], list[np.ndarray]]]]:
-    """:meth:`BlockRing.state`."""
-    # First: the distribution enters what is pending into its tables, read below.
-    distribution_counters = ring.distribution.state()
-    bs = ring.block_size
-    written = np.flatnonzero(ring.block_fill).tolist()
-    rows = int(ring.block_fill.sum())
-    active = np.flatnonzero(ring.block_state == _ACTIVE)
-    out = {}
-    for name, arr, kind in ring.tables():
-        if name == 'block_state':
-            arr = np.where(arr == _ACTIVE, _RETIRED, arr).astype(arr.dtype)
-        elif kind == 'queue':
-            arr = np.array(arr, np.int64)
-            if name == 'retired':
-                arr = np.concatenate([arr, active.astype(np.int64)])
-        if kind == 'slot':
-            chunks = [arr[b * bs:b * bs + int(ring.block_fill[b])] for b in written]   # views
-            out[name] = (arr.dtype, (rows,) + arr.shape[1:], chunks)
-        else:
-            out[name] = (arr.dtype, arr.shape, [arr])
-    counters: dict[str, Any] = dict(num_valid=ring.num_valid,
-                                    num_steps_written=ring.num_steps_written,
-                                    **distribution_counters)
-    return counters, out
-
-
-def _load_state(ring: BlockRing, counters: Mapping[str, Any], source: Any) -> None:
-    """:meth:`BlockRing.load_state`."""
-    bs, missing = ring.block_size, set(source.missing)
-    tables = [(n, a, k) for n, a, k in ring.tables() if n not in missing]
-    for name, arr, kind in tables:
-        if kind == 'block':
-            source.read_into(name, [arr], arr.dtype, arr.shape)
-    fill = ring.block_fill
-    if fill.min() < 0 or fill.max() > bs:
-        source.fail(f"inconsistent: block_fill outside [0, {bs}]")
-    rows = int(fill.sum())
-    written = [(b, int(fill[b])) for b in np.flatnonzero(fill).tolist()]
-    for name, arr, kind in tables:
-        if kind == 'queue':
-            queue = collections.deque(source.read_queue(name, ring.num_blocks).tolist())
-            setattr(ring, name, queue)
-        elif kind == 'slot':
-            source.read_into(name, [arr[b * bs:b * bs + n] for b, n in written], arr.dtype,
-                             (rows,) + arr.shape[1:])
-    ring.num_valid = counters['num_valid']
-    ring.num_steps_written = counters['num_steps_written']
-    validate(ring, source.fail)
-    # After the ring's checks: the distribution checks its state against the VALID flags.
-    ring.distribution.load_state(counters, source.fail)
-
-
-def _set_new(ring: BlockRing) -> None:
-    """A ring nothing was written to, its tables set in place (writers and samplers keep
-    the arrays they bound): at construction, and after a :meth:`BlockRing.load_state` that failed
-    part-way. Slot rows stay as they are: garbage of free blocks (I2)."""
-    for table, value in ((ring.block_fill, 0), (ring.block_prev, -1), (ring.block_next, -1),
-                         (ring.block_prev_intact, False), (ring.block_state, _FREE),
-                         (ring.block_gen, 0), (ring.flags, 0)):
-        table[:] = value
-    ring.free = collections.deque(range(ring.num_blocks))
-    ring.retired = collections.deque()
-    ring.num_valid = 0
-    ring.num_steps_written = 0       # all steps ever added, for statistics
-    ring.distribution.reset(ring.flags)

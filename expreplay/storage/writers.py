@@ -100,9 +100,10 @@ class BatchWriter:
         # here, once (expreplay._kernels): bound at first use instead, a path switched under
         # the live writer would decide, and its lanes' writes would mix the two paths.
         self._store: Any = ring.bind_kernel(_kernels.get('_write_ext'), self._cursors())
-        # Not a method of self (it would keep the writer alive), and the memory by weak
+        # A static method (a bound one would keep the writer alive), given the ring by weak
         # reference (a memory holding its legacy writer would otherwise never be freed).
-        self._finalizer = weakref.finalize(self, _give_back, weakref.ref(ring), self._block)
+        self._finalizer = weakref.finalize(self, BatchWriter._give_back, weakref.ref(ring),
+                                           self._block)
 
     def in_episode(self, lanes: Any = None) -> np.ndarray:
         """Bool array: which lanes are between an episode's first frame and its end."""
@@ -161,7 +162,7 @@ class BatchWriter:
             terminated = _batch(check_flags(terminated, 'terminated'), n, 'terminated')
             truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
         if ring.extras or extras:
-            extras = check_extras(extras, _extra_fields(ring), n)
+            extras = check_extras(extras, ring.extra_fields, n)
         ended = terminated | truncated
         any_end = ended.any()
         if any_end:
@@ -196,7 +197,7 @@ class BatchWriter:
                 or next_frames.shape[1:] != ring.state_shape:
             return False
         if ring.extras or extras:
-            extras = check_extras(extras, _extra_fields(ring), len(lanes))
+            extras = check_extras(extras, ring.extra_fields, len(lanes))
         store = self._store
         if store is None:
             return False
@@ -230,6 +231,14 @@ class BatchWriter:
         return self._store
 
     # ------------------------------------------------------------------ internals
+    @staticmethod
+    def _give_back(ring_ref: weakref.ReferenceType[BlockRing], blocks: np.ndarray) -> None:
+        """A dropped writer's finalizer: queue its active ``blocks`` for the ring to retire
+        (lock-free: :meth:`~expreplay.storage.ring.BlockRing.abandon`), if the ring is alive."""
+        ring = ring_ref()
+        if ring is not None:
+            ring.abandon(blocks)
+
     def _cursors(self) -> tuple[np.ndarray, ...]:
         """The lanes' cursors, in the order the ring's kernel binds them."""
         return (self._next, self._cur_slot, self._cur_epstep, self._cur_off, self._block,
@@ -369,7 +378,7 @@ class LaneWriter:
         terminated = check_bool(terminated, 'terminated')
         truncated = check_bool(truncated, 'truncated')
         if extras is not None or self._ring.extras:
-            extras = check_extras(extras, _extra_fields(self._ring))
+            extras = check_extras(extras, self._ring.extra_fields)
         self._writer.add_steps(_LANE0, np.array([action], np.int32), np.array([reward], np.float32),
                                frame[None], np.array([terminated]), np.array([truncated]),
                                checked=True, extras=extras)
@@ -412,18 +421,6 @@ class TensorpackAppender:
             w.add_step(action, reward, np.zeros(ring.state_shape, ring.dtype), terminated=True)
         else:
             self._pending = (action, reward)
-
-
-def _extra_fields(ring: BlockRing) -> dict[str, np.dtype]:
-    return {name: arr.dtype for name, arr in ring.extras.items()}
-
-
-def _give_back(ring_ref: weakref.ref, blocks: np.ndarray) -> None:
-    """A writer's finalizer: queue its active blocks for the ring to retire (lock-free:
-    :meth:`~expreplay.storage.ring.BlockRing.abandon`)."""
-    ring = ring_ref()
-    if ring is not None:
-        ring.abandon(blocks)
 
 
 def _batch(arr, n, name, ndim=1):

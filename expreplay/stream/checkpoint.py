@@ -6,7 +6,7 @@ import logging
 import os
 from typing import Any
 
-from ..storage.memory import ReplayMemory, load_into
+from ..storage.memory import ReplayMemory
 
 __all__ = ['MemoryCheckpoint']
 
@@ -45,7 +45,7 @@ class MemoryCheckpoint:
     def restore(self, memory: ReplayMemory) -> bool:
         """Fill ``memory`` in place with the saved one, if there is a checkpoint; True if it
         did, False when there is none. The checkpoint must have all of ``memory``'s settings
-        (see :func:`~expreplay.storage.memory.load_into`, which refuses another one with a
+        (see :meth:`ReplayMemory.restore`, which refuses another one with a
         ``CheckpointError`` naming each setting and leaves ``memory`` empty).
 
         Raises ValueError, before anything is written, when a checkpoint is there and
@@ -62,7 +62,7 @@ class MemoryCheckpoint:
                 "it): it can not be loaded into, and saving it would replace the saved one. "
                 "Pass a new ReplayMemory to resume from the checkpoint, another checkpoint_dir "
                 "to keep both, or delete the file to replace it")
-        load_into(memory, self.path)
+        memory.restore(self.path)
         logger.info("Loaded the replay memory from %s (%d transitions).", self.path, len(memory))
         return True
 

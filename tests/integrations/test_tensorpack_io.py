@@ -338,17 +338,16 @@ def test_the_stream_alone_checks_the_player_resumes_and_sets_the_staleness(tmp_p
     built (no second memory), and the stream's staleness default."""
     from expreplay import ReplayMemory
     from expreplay.acting.population import Population
-    from expreplay.stream import checkpoint as stream_checkpoint
 
     first = make_expreplay(EnvFactory(), checkpoint_dir=str(tmp_path))
     first.stream.start()
     first.stream.close()                      # saves the filled memory
     checks, loaded = [], []
-    check_fits, load_into = Population.check_fits, stream_checkpoint.load_into
+    check_fits, restore = Population.check_fits, ReplayMemory.restore
     monkeypatch.setattr(Population, 'check_fits',
                         lambda self, *a, **kw: checks.append(a) or check_fits(self, *a, **kw))
-    monkeypatch.setattr(stream_checkpoint, 'load_into',
-                        lambda memory, path: loaded.append(memory) or load_into(memory, path))
+    monkeypatch.setattr(ReplayMemory, 'restore',
+                        lambda self, path: loaded.append(self) or restore(self, path))
 
     def no_second_memory(*args, **kwargs):
         raise AssertionError("a memory was built from the checkpoint beside ExpReplay's")

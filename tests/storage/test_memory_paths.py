@@ -203,6 +203,21 @@ def test_a_closed_writer_is_not_given_back_twice(kernels):
     assert np.count_nonzero(mem.ring.block_state == 1) == 3
 
 
+def test_a_writers_finalizer_keeps_neither_the_writer_nor_the_memory_alive(kernels):
+    """A writer's finalizer holds nothing that leads back to the writer (the memory holds its
+    tensorpack appender's writer): a memory dropped with writers still open is freed, its
+    ring too (the finalizers hold it only by weak reference)."""
+    import weakref
+    mem = ReplayMemory(4 * 8, FRAME_SHAPE, 2, block_size=8)
+    mem.append((encode(0, 1, 0), 0, 1.0, False))
+    w = mem.new_writer()
+    w.start_episode(encode(1, 1, 0))
+    refs = [weakref.ref(x) for x in (mem, mem.ring, w)]
+    del mem, w
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
 # ----------------------------------------------------------------------------- concurrency
 def check_n_step(batch, model, history_len, n, gamma, layout):
     """Every field of a sampled n-step batch against what was written (``model``: final)."""

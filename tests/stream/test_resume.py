@@ -78,7 +78,7 @@ def test_a_load_that_fails_part_way_leaves_the_memory_new(tmp_path):
     bad = rewrite(tmp_path / MemoryCheckpoint.FILENAME, tmp_path / 'bad.npz', meta_num_valid=3)
     memory = new_memory(prioritized=True)
     with pytest.raises(CheckpointError, match='metadata says 3'):
-        load_into(memory, bad)
+        memory.restore(bad)
     assert len(memory) == 0 and memory.ring.untouched and not memory.ring.flags.any()
     assert memory.ring.priorities.tree.total == 0
     with make_stream(EnvFactory(), memory=memory) as stream:     # fills and samples as new
@@ -86,12 +86,22 @@ def test_a_load_that_fails_part_way_leaves_the_memory_new(tmp_path):
         assert stream.fill_steps > 0 and not stream.resumed
 
 
-def test_load_into_refuses_a_memory_a_writer_has_taken_a_block_of(saved):
+def test_restore_refuses_a_memory_a_writer_has_taken_a_block_of(saved):
     directory, _ = saved
     memory = new_memory()
     memory.new_writer().start_episode(np.zeros(6, np.uint8))
     assert len(memory) == 0
     with pytest.raises(ValueError, match='needs a new memory') as err:
-        load_into(memory, directory / MemoryCheckpoint.FILENAME)
+        memory.restore(directory / MemoryCheckpoint.FILENAME)
     # A misuse, not a bad file: code that deletes files raising CheckpointError keeps this one.
     assert not isinstance(err.value, CheckpointError)
+
+
+def test_load_into_is_restore(saved):
+    """The function ``load_into(memory, path)`` (deprecated) is ``memory.restore(path)``."""
+    directory, transitions = saved
+    memory = new_memory()
+    load_into(memory, directory / MemoryCheckpoint.FILENAME)
+    assert len(memory) == transitions
+    with pytest.raises(ValueError, match='needs a new memory'):
+        load_into(memory, directory / MemoryCheckpoint.FILENAME)
