@@ -81,7 +81,7 @@ class FrameSchedule:
 
 
 def _parameters(cls: type) -> set[str]:
-    return set(inspect.signature(cls.__init__).parameters) - {'self'}
+    return set(inspect.signature(cls).parameters)
 
 
 def build_parts(values: Mapping[str, Any], overrides: dict[str, Any], *,

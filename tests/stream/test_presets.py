@@ -1,5 +1,6 @@
 """The presets: ReplayStream.atari_dqn (tensorpack's DQN.py) and ReplayStream.minatar_dqn (the
-MinAtar paper's DQN) build the set-up they name, take any part's argument as an override, and run."""
+MinAtar paper's DQN) build the set-up they name, take any part's argument as an override, and
+run."""
 
 import threading
 
