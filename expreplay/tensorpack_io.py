@@ -380,6 +380,68 @@ class ExpReplay(DataFlow, Callback):
         :class:`PriorityFeedback` in ``examples/tensorpack_dqn.py`` calls it after every step."""
         return self.stream.update_priorities(indices, priorities)
 
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def atari_dqn(cls, predictor_io_names: Any, get_player: Callable[[], Any],
+                  **overrides: Any) -> ExpReplay:
+        """The ExpReplay of tensorpack's ``examples/DeepQNetwork/DQN.py``, its exploration
+        schedule included: the values of :meth:`ReplayStream.atari_dqn
+        <expreplay.stream.ReplayStream.atari_dqn>` in tensorpack's arguments
+        (``memory_size=1e6``, ``state_shape=(84, 84)``, ``history_len=4``, ``batch_size=64``,
+        ``update_frequency=4``, ``num_parallel_players=3``, ``init_memory_size=memory_size //
+        20``)::
+
+            expreplay = ExpReplay.atari_dqn((['state'], ['Qvalue']), lambda: get_player(train=True))
+
+        Epsilon is the population's schedule (1 during the fill, 1 -> 0.1 over the first 1M
+        agent steps, -> 0.01 by 40M, going on from a memory restored from ``checkpoint_dir``):
+        drop DQN.py's ``ScheduledHyperParamSetter(ObjAttrParam(expreplay, 'exploration'),
+        ...)``, which would replace it by its numbers.
+
+        Overrides: any argument of ExpReplay (``memory_size=200_000``, ``checkpoint_dir=...``,
+        ``memory=ReplayMemory(..., prioritized=True)``...) and ``exploration`` (a number or a
+        schedule of the steps stored, for the population built here). Parts passed in give
+        tensorpack's arguments they hold (a ``memory`` its size, frame shape, history and
+        dtype; a ``sampling`` its batch size and update frequency; a ``population`` its
+        number of players and its exploration: ``exploration`` is then refused).
+        """
+        from .stream import _presets
+        preset = _presets.ATARI_DQN
+        args: dict[str, Any] = {
+            'num_parallel_players': preset['num_players'], 'state_shape': preset['state_shape'],
+            'batch_size': preset['batch_size'], 'memory_size': preset['max_size'],
+            'update_frequency': preset['update_frequency'],
+            'history_len': preset['history_len']}
+        memory, sampling = overrides.get('memory'), overrides.get('sampling')
+        population = overrides.get('population')
+        if memory is not None:
+            args.update(memory_size=memory.max_size, state_shape=memory.state_shape,
+                        history_len=memory.history_len, state_dtype=memory.dtype)
+        if sampling is not None:
+            args.update(batch_size=sampling.batch_size, update_frequency=sampling.update_frequency)
+        exploration = overrides.pop('exploration', None)
+        if population is not None:
+            if exploration is not None:
+                raise TypeError("exploration is the population's: set it on the population "
+                                "passed in")
+            args['num_parallel_players'] = population.num_players
+        args.update(overrides)
+        args.setdefault('init_memory_size', _presets.atari_init_memory_size(args['memory_size']))
+        schedule = None
+        if population is None:
+            if exploration is None:
+                exploration = schedule = _presets.FrameSchedule(_presets.ATARI_EPSILON,
+                                                                args['init_memory_size'])
+            args['population'] = _built(
+                lambda: Population(get_player, args['num_parallel_players'],
+                                   exploration=exploration,
+                                   manager_kwargs={'close_timeout': CLOSE_TIMEOUT}),
+                {'num_players': 'num_parallel_players'})
+        replay = cls(predictor_io_names, get_player, **args)
+        if schedule is not None:
+            schedule.resumed = replay.mem.num_steps_written
+        return replay
+
 
 # (monitor name under 'expreplay/', field of ReplayStream.stats(): expreplay.stats.StreamStats)
 _MONITORED = (

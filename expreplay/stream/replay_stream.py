@@ -480,6 +480,59 @@ class ReplayStream:
             raise RuntimeError("no checkpoint_dir was given")
         self.checkpoint.save(self.memory)
 
+    # ------------------------------------------------------------------ presets
+    @classmethod
+    def atari_dqn(cls, get_player: Callable[[], Any] | None = None,
+                  predictor: Callable[[np.ndarray], Any] | None = None,
+                  **overrides: Any) -> ReplayStream:
+        """The replay of tensorpack's ``examples/DeepQNetwork/DQN.py`` (the Nature DQN's, batch
+        64): a stream of ``get_player``'s games acted on with ``predictor``.
+
+        The values (from DQN.py; the constants are in :mod:`expreplay.stream._presets`):
+        memory of 1,000,000 frames of 84x84 (``uint8``, the memory's default), history 4;
+        batches of 64, one per 4 agent steps; 3 players; a fill of ``max_size // 20``
+        transitions (50,000); epsilon 1 during the fill, then 1 -> 0.1 over the first 1M
+        agent steps and -> 0.01 by 40M, a schedule of the frames stored given to the
+        population (a memory restored from ``checkpoint_dir`` goes on from its own count).
+
+        Any keyword argument of :class:`~expreplay.ReplayMemory`, :class:`Population
+        <expreplay.acting.population.Population>`, :class:`~expreplay.stream.sampling.Sampling`
+        or the stream replaces the preset's value or adds to it, in the part that takes it
+        (``seed`` seeds the population and the sampling): ``max_size=200_000``,
+        ``num_players=8``, ``exploration=0.1``, ``prioritized=True, beta=0.4, n_step=3``,
+        ``checkpoint_dir=...``. ``memory=``, ``population=`` or ``sampling=`` pass a part
+        itself, used as it is (its own settings are then not overrides: TypeError); with
+        ``population=`` give no ``get_player`` or ``predictor`` (it has them).
+        """
+        from . import _presets
+        return _presets.preset_stream(cls, _presets.ATARI_DQN, overrides, get_player=get_player,
+                                      predictor=predictor, epsilon=_presets.ATARI_EPSILON,
+                                      init_memory_size=_presets.atari_init_memory_size)
+
+    @classmethod
+    def minatar_dqn(cls, get_player: Callable[[], Any] | None = None,
+                    predictor: Callable[[np.ndarray], Any] | None = None,
+                    **overrides: Any) -> ReplayStream:
+        """The replay of the MinAtar paper's DQN (Young & Tian 2019; its repository's
+        ``examples/dqn.py``): a stream of ``get_player``'s games acted on with ``predictor``.
+
+        The values (the constants, named as in dqn.py, are in
+        :mod:`expreplay.stream._presets`): memory of 100,000 frames of the game's ``(10, 10,
+        C)`` boolean observations (the shape read from a player built and closed for it),
+        history 1; batches of 32, one per frame; one player (the population's default);
+        5,000 random frames first; epsilon 1 during them, then 1 -> 0.1 over the next 100,000
+        frames, a schedule of the frames stored given to the population (a memory restored
+        from ``checkpoint_dir`` goes on from its own count). The target network and the
+        optimizer are the learner's (``examples/dqn_minatar_jax.py``).
+
+        Overrides as :meth:`atari_dqn`'s: ``ReplayStream.minatar_dqn(get_player, q_values,
+        seed=0, prioritized=True, n_step=3, init_memory_size=1_000)``.
+        """
+        from . import _presets
+        return _presets.preset_stream(cls, _presets.MINATAR_DQN, overrides,
+                                      get_player=get_player, predictor=predictor,
+                                      epsilon=_presets.MINATAR_EPSILON)
+
 
 def _drawn_here(draw: Callable[[], Batch], closed: Callable[[], bool]) -> Iterator[Batch]:
     """Batches drawn in the consumer's own next() (no prefetch thread), until ``closed()``."""

@@ -1,0 +1,203 @@
+"""The presets: ReplayStream.atari_dqn (tensorpack's DQN.py) and ReplayStream.minatar_dqn (the
+MinAtar paper's DQN) build the set-up they name, take any part's argument as an override, and
+run."""
+
+import threading
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from expreplay import ReplayMemory
+from expreplay.stream import Population, ReplayStream, Sampling
+from scripted_env import ScriptedEnv
+
+
+class MinAtarLike(gym.Env):
+    """MinAtar's observations ((10, 10, 4) booleans), 6 actions, episodes of 20 steps."""
+
+    observation_space = gym.spaces.Box(0, 1, (10, 10, 4), bool)
+    action_space = gym.spaces.Discrete(6)
+    made = 0
+    closed = 0
+
+    def __init__(self):
+        MinAtarLike.made += 1
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        return self._obs(), float(action == 1), self.t >= 20, False, {}
+
+    def _obs(self):
+        obs = np.zeros((10, 10, 4), bool)
+        obs[self.t % 10, 0, 0] = True
+        return obs
+
+    def close(self):
+        MinAtarLike.closed += 1
+
+
+def zeros(num_actions):
+    def q_values(states):
+        return np.zeros((len(states), num_actions), np.float32)
+    return q_values
+
+
+@pytest.fixture
+def closing():
+    streams = []
+    yield streams.append
+    for stream in streams:
+        stream.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith('SimulatorThread')]
+
+
+def test_minatar_preset_is_the_papers_replay(closing):
+    made, closed = MinAtarLike.made, MinAtarLike.closed
+    stream = ReplayStream.minatar_dqn(MinAtarLike, zeros(6))
+    closing(stream)
+    memory, sampling, population = stream.memory, stream.sampling, stream.population
+    assert memory.max_size == 100_000 and memory.history_len == 1
+    assert memory.state_shape == (10, 10, 4)      # read from a player, built and closed for it
+    assert memory.dtype == np.dtype(bool) and not memory.prioritized
+    # One player built and closed to read the shape, one kept for the runner (check_fits).
+    assert MinAtarLike.made - made == 2 and MinAtarLike.closed - closed == 1
+    assert sampling.batch_size == 32 and sampling.update_frequency == 1
+    assert sampling.n_step == 1 and sampling.gamma == 0.99
+    assert stream.init_memory_size == 5_000
+    assert population.num_players == 1 and population.predictor is not None
+    epsilon = population.exploration_schedule
+    # 1 during the 5,000 random frames, then 1 -> 0.1 over the next 100,000.
+    assert [epsilon(s) for s in (0, 5_000, 55_000, 105_000, 10**7)] == \
+        pytest.approx([1.0, 1.0, 0.55, 0.1, 0.1])
+
+
+def test_atari_preset_is_dqn_pys_replay(closing):
+    stream = ReplayStream.atari_dqn(lambda: ScriptedEnv(obs_shape=(84, 84)), zeros(3))
+    closing(stream)
+    memory, sampling, population = stream.memory, stream.sampling, stream.population
+    assert memory.max_size == 1_000_000 and memory.state_shape == (84, 84)
+    assert memory.history_len == 4 and memory.dtype == np.dtype('uint8')
+    assert sampling.batch_size == 64 and sampling.update_frequency == 4
+    assert stream.init_memory_size == 50_000
+    assert population.num_players == 3
+    epsilon = population.exploration_schedule
+    # 1 during the fill, 1 -> 0.1 over the first 1M agent steps after it, -> 0.01 by 40M.
+    fill = 50_000
+    assert [epsilon(fill + s) for s in (-fill, 0, 500_000, 1_000_000, 20_500_000, 40_000_000,
+                                        10**9)] == \
+        pytest.approx([1.0, 1.0, 0.55, 0.1, 0.055, 0.01, 0.01])
+
+
+def test_overrides_win_in_the_part_that_owns_them(closing):
+    made = MinAtarLike.made
+    stream = ReplayStream.minatar_dqn(
+        MinAtarLike, zeros(6), state_shape=(10, 10, 4), max_size=1_000, prioritized=True,
+        batch_size=8, update_frequency=2, n_step=3, gamma=0.9, num_players=2,
+        exploration=0.2, seed=7, init_memory_size=100, prefetch=0, progress=False)
+    closing(stream)
+    assert MinAtarLike.made == made + 1   # a shape given: only the runner's first player
+    memory, sampling, population = stream.memory, stream.sampling, stream.population
+    assert memory.max_size == 1_000 and memory.prioritized and memory.history_len == 1
+    assert (sampling.batch_size, sampling.update_frequency, sampling.n_step, sampling.gamma) == \
+        (8, 2, 3, 0.9)
+    assert population.num_players == 2 and population.exploration == 0.2
+    assert population.exploration_schedule is None
+    assert population.seed == 7 and sampling.seed == 7    # one seed for the run
+    assert stream.init_memory_size == 100 and stream.prefetch == 0
+
+
+def test_atari_fill_follows_the_memory_size_and_the_schedule_the_fill(closing):
+    stream = ReplayStream.atari_dqn(lambda: ScriptedEnv(obs_shape=(84, 84)), zeros(3),
+                                    max_size=2_000)
+    closing(stream)
+    assert stream.init_memory_size == 100     # DQN.py's memory size // 20
+    epsilon = stream.population.exploration_schedule
+    assert epsilon(100) == 1.0 and epsilon(100 + 500_000) == pytest.approx(0.55)
+    stream = ReplayStream.atari_dqn(lambda: ScriptedEnv(obs_shape=(84, 84)), zeros(3),
+                                    max_size=2_000, init_memory_size=300)
+    closing(stream)
+    assert stream.population.exploration_schedule(300 + 500_000) == pytest.approx(0.55)
+
+
+def test_parts_passed_in_are_used_as_they_are(closing):
+    population = Population(MinAtarLike, 1, zeros(6), seed=1, exploration=0.5)
+    sampling = Sampling(16, 1, seed=2)
+    stream = ReplayStream.minatar_dqn(population=population, sampling=sampling,
+                                      state_shape=(10, 10, 4), max_size=500, seed=3,
+                                      init_memory_size=50)
+    closing(stream)
+    assert stream.population is population and stream.sampling is sampling
+    assert population.exploration == 0.5 and population.seed == 1 and sampling.seed == 2
+    assert stream.memory.max_size == 500
+    memory = ReplayMemory(400, (10, 10, 4), 1, 'bool')
+    stream = ReplayStream.minatar_dqn(MinAtarLike, zeros(6), memory=memory, init_memory_size=50)
+    closing(stream)
+    assert stream.memory is memory
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (dict(population='P', max_size=10), None),
+    (dict(memory='M', max_size=10), "max_size=10 is the memory's setting"),
+    (dict(sampling='S', batch_size=4), "batch_size=4 is the sampling's setting"),
+    (dict(population='P', num_players=2), "num_players=2 is the population's setting"),
+    (dict(batchsize=4), "'batchsize' is not an argument"),
+])
+def test_an_override_without_a_part_to_take_it_is_refused(kwargs, message):
+    parts = {'P': Population(MinAtarLike, 1), 'M': ReplayMemory(100, (10, 10, 4), 1, 'bool'),
+             'S': Sampling(8, 1)}
+    kwargs = {k: parts.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
+    if message is None:       # population= with get_player: the population has its own
+        with pytest.raises(TypeError, match='population passed in has its get_player'):
+            ReplayStream.minatar_dqn(MinAtarLike, population=kwargs['population'])
+        return
+    with pytest.raises(TypeError, match=message):
+        ReplayStream.minatar_dqn(MinAtarLike, **kwargs)
+
+
+def test_the_parts_check_the_values(closing):
+    with pytest.raises(ValueError, match='batch_size'):
+        ReplayStream.minatar_dqn(MinAtarLike, state_shape=(10, 10, 4), batch_size=0)
+    with pytest.raises(ValueError, match='dtype'):   # a uint8 frame in the paper's bool memory
+        ReplayStream.minatar_dqn(lambda: ScriptedEnv(obs_shape=(10, 10, 4)),
+                                 state_shape=(10, 10, 4), dtype='bool')
+
+
+@pytest.mark.parametrize('preset, make_env, num_actions, shape', [
+    ('minatar_dqn', MinAtarLike, 6, (10, 10, 4, 1)),
+    ('atari_dqn', lambda: ScriptedEnv(obs_shape=(84, 84)), 3, (84, 84, 4)),
+])
+def test_a_preset_stream_runs(closing, preset, make_env, num_actions, shape):
+    stream = getattr(ReplayStream, preset)(make_env, zeros(num_actions), max_size=1_000,
+                                           init_memory_size=60, batch_size=8, seed=0,
+                                           progress=False)
+    closing(stream)
+    for k, batch in enumerate(stream):
+        assert batch.state.shape == (8,) + shape
+        if k == 20:
+            break
+    assert len(stream.memory) >= 60 + 20 * stream.sampling.update_frequency - 8
+    assert 0.0 < stream.exploration <= 1.0
+
+
+def test_a_resumed_memory_goes_on_with_its_epsilon(tmp_path, closing):
+    kwargs = dict(state_shape=(10, 10, 4), max_size=1_000, init_memory_size=100, progress=False,
+                  checkpoint_dir=tmp_path)
+    stream = ReplayStream.minatar_dqn(MinAtarLike, zeros(6), **kwargs)
+    for k, _ in enumerate(stream):
+        if k == 400:
+            break
+    stream.close()
+    frames = stream.memory.num_steps_written
+    assert frames >= 500
+    resumed = ReplayStream.minatar_dqn(MinAtarLike, zeros(6), **kwargs)
+    closing(resumed)
+    assert resumed.resumed
+    epsilon = resumed.population.exploration_schedule
+    # The population counts its steps from 0 again; the schedule adds the memory's count.
+    assert epsilon(0) == pytest.approx(1.0 - 0.9 * (frames - 100) / 100_000)
