@@ -127,7 +127,7 @@ import gymnasium as gym  # noqa: E402
 import minatar.gym  # noqa: E402
 import numpy as np  # noqa: E402
 
-from expreplay import ReplayStream  # noqa: E402
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
 
 minatar.gym.register_envs()
 
@@ -323,18 +323,17 @@ def train(args):
     env.close()
     learner = DQNLearner(channels, num_actions, args, rng)
     episodes = EpisodeLog(args.returns)
-    # The paper's replay (ReplayStream.minatar_dqn); each flag replaces the preset's value (the
-    # flags' defaults are the preset's).
-    stream = ReplayStream.minatar_dqn(
+    stream = ReplayStream(
+        ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
+                     prioritized=args.prioritized, alpha=args.alpha),
         # The paper's one env, stepped inline between updates.
-        lambda: make_env(args.game), learner.q_values, on_episode_end=episodes, seed=args.seed,
-        state_shape=(10, 10, channels), max_size=args.memory_size,
-        prioritized=args.prioritized, alpha=args.alpha,
-        batch_size=args.batch_size, update_frequency=args.update_frequency, n_step=args.n_step,
-        gamma=args.gamma, weight_norm=args.weight_norm,
-        # beta: annealed to 1 over the run (batch k comes after k * update_frequency frames).
-        beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency / args.frames))
-        if args.prioritized else None,
+        Population(lambda: make_env(args.game), 1, learner.q_values, seed=args.seed,
+                   on_episode_end=episodes),
+        Sampling(args.batch_size, args.update_frequency, n_step=args.n_step, gamma=args.gamma,
+                 seed=args.seed, weight_norm=args.weight_norm,
+                 # beta: annealed to 1 over the run (batch k comes after k * update_frequency frames).
+                 beta=(lambda k: min(1.0, args.beta + (1 - args.beta) * k * args.update_frequency / args.frames))
+                 if args.prioritized else None),
         init_memory_size=args.replay_start, progress=False,
         # The paper alternates a frame and an update: drawn ahead, batches would let the env
         # run up to `prefetch` updates ahead of the learner's weights (and of --frames).

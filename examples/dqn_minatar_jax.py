@@ -180,7 +180,7 @@ import minatar.gym  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from expreplay import Population, ReplayStream  # noqa: E402
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
 from expreplay.interrupts import stop_on_signals, uninterrupted  # noqa: E402
 
 minatar.gym.register_envs()
@@ -331,8 +331,8 @@ class EpisodeLog:
     appended under a lock, in the order of those counts.
     """
 
-    def __init__(self, path, memory=None):
-        self.path, self.memory = path, memory   # memory: set once the stream has built it
+    def __init__(self, path, memory):
+        self.path, self.memory = path, memory
         self.rows, self.shown, self.lock = [], 0, threading.Lock()
         self.file = self.writer = None
 
@@ -510,26 +510,23 @@ def train(args):
     seed = args.seed + (learner_frames or 0)   # the random draws after a resume: new, but reproducible
 
     policy = GreedyPolicy(state[0])
-    episodes, lag = EpisodeLog(args.returns), PolicyLag()
-    # The paper's replay (ReplayStream.minatar_dqn: a bool memory, one frame per state); each
-    # flag replaces the preset's value (the flags' defaults are the preset's). The population
-    # is this example's own (it counts the policy lag); its epsilon is set below, from the
-    # frame the run resumes at.
-    stream = ReplayStream.minatar_dqn(
+    memory = ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
+                          prioritized=args.prioritized)
+    episodes, lag = EpisodeLog(args.returns, memory), PolicyLag()
+    stream = ReplayStream(
+        memory,
         # One player: the paper's one env, stepped inline by this thread; more: the simulator
         # threads step them, up to --staleness requests pending.
-        population=LaggedPopulation(lambda: StartProbe(make_env(args.game), lag, args.env_ms / 1000),
-                                    args.players, policy, lag=lag, maximum_staleness=args.staleness,
-                                    seed=seed, on_episode_end=episodes),
-        state_shape=(10, 10, channels), max_size=args.memory_size, prioritized=args.prioritized,
+        LaggedPopulation(lambda: StartProbe(make_env(args.game), lag, args.env_ms / 1000), args.players, policy,
+                         lag=lag, maximum_staleness=args.staleness, seed=seed,
+                         on_episode_end=episodes),
         # One update per frame: per_call minibatches drawn at once for per_call frames.
-        batch_size=args.batch_size * per_call, update_frequency=per_call, n_step=args.n_step,
-        gamma=args.gamma, seed=seed,
-        beta=(lambda k: min(1.0, 0.4 + 0.6 * (resumed_updates + per_call * k) / args.frames))
-        if args.prioritized else None,
+        Sampling(args.batch_size * per_call, update_frequency=per_call, n_step=args.n_step,
+                 gamma=args.gamma, seed=seed,
+                 beta=(lambda k: min(1.0, 0.4 + 0.6 * (resumed_updates + per_call * k) / args.frames))
+                 if args.prioritized else None),
         init_memory_size=args.replay_start, progress=False,   # single-env players: no prefetch thread
         checkpoint_dir=args.checkpoint_dir and os.path.join(args.checkpoint_dir, 'memory'))
-    memory = episodes.memory = stream.memory
     # The frame count is the memory's own (restored from its checkpoint): epsilon (a schedule of
     # the frames), the returns file and the progress lines go on from it.
     resumed_frames = frames = memory.num_steps_written
