@@ -88,6 +88,32 @@ def test_the_rate_limiter_returns_its_record():
     assert (stats.inserts, stats.samples, stats.diff, stats.sample_wait_time) == (3, 0, 6.0, 0.0)
 
 
+def test_the_ray_traffic_counts_make_its_record():
+    pytest.importorskip('ray')
+    import time
+
+    import numpy as np
+
+    from expreplay.ray._fleet import Traffic
+    traffic = Traffic()
+    empty = traffic.report(actor_restarts=0)
+    assert type(empty) is RayTrafficStats and empty.mean_in_flight is None
+    assert (empty.results, empty.env_steps, empty.bytes_per_step) == (0, 0, 0.0)
+    frames, small = np.zeros((2, 6), np.uint8), np.zeros(2, np.float32)
+    # (token, obs, reward, terminated, truncated, lives or None, the actor's compute seconds)
+    traffic.result(2, (None, frames, small, small, small, None, 0.5), time.perf_counter())
+    traffic.result(2, (None, frames, small, small, small, small, 0.3), time.perf_counter())
+    traffic.recv(in_flight=2)
+    traffic.recv(in_flight=1)
+    traffic.waited(0.25)
+    stats = traffic.report(actor_restarts=1)
+    assert (stats.results, stats.env_steps, stats.recv_calls, stats.actor_restarts) == (2, 4, 2, 1)
+    assert stats.bytes == 2 * (12 + 3 * 8) + 8 and stats.bytes_per_step == stats.bytes / 4
+    assert stats.compute == pytest.approx(0.8) and stats.compute_per_step == pytest.approx(0.2)
+    assert stats.overhead_per_step == pytest.approx((stats.round_trip - 0.8) / 4)
+    assert (stats.mean_in_flight, stats.wait) == (1.5, 0.25)
+
+
 def test_reading_a_record_as_a_dict_still_works_and_says_how_to_read_it():
     stats = Population(EnvFactory(), 2).stats()
     with pytest.warns(DeprecationWarning, match='read stats.games instead'):
