@@ -11,6 +11,10 @@
   <expreplay.stream.ratelimit.SampleToInsertRatio.stats>`;
 * :class:`RayTrafficStats`: :meth:`RayVectorEnv.stats <expreplay.ray.RayVectorEnv.stats>`.
 
+Every ``reset_stats()`` (of the manager, the population and the stream) returns a
+:class:`ScoreWindow`: the mean and largest score of the window it closes, a named tuple, so
+``mean, best = stream.reset_stats()`` unpacks it as tensorpack's ``reset_stats()`` was.
+
 Read the figures as attributes (``stream.stats().mean_score``); ``as_dict()`` gives a plain
 dict (for a logger or ``json.dumps``). A figure that has no value yet (no game finished, no
 batch drawn, no prefetcher) is None. Each record extends the one before it in the list above
@@ -22,12 +26,22 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-__all__ = ['ManagerStats', 'PopulationStats', 'StreamStats', 'RateLimiterStats',
+__all__ = ['ScoreWindow', 'ManagerStats', 'PopulationStats', 'StreamStats', 'RateLimiterStats',
            'RayTrafficStats']
 
 _R = TypeVar('_R', bound='_Record')
+
+
+class ScoreWindow(NamedTuple):
+    """What ``reset_stats()`` returns: the scores of the games finished in the window it
+    closes. A tuple, ``(mean, max)``, for code that unpacks it; ``ScoreWindow()`` is a window
+    without games."""
+
+    #: Mean and largest score of those games; None without games.
+    mean: float | None = None
+    max: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -9,7 +9,7 @@ import pytest
 
 from expreplay import stats as stats_module
 from expreplay.stats import (ManagerStats, PopulationStats, RateLimiterStats, RayTrafficStats,
-                             StreamStats)
+                             ScoreWindow, StreamStats)
 from expreplay.stream import Population
 from expreplay.stream.ratelimit import SampleToInsertRatio
 from test_stream import EnvFactory, make_stream, prefer, take
@@ -71,6 +71,35 @@ def test_the_stream_population_and_manager_return_their_records():
     assert isinstance(stats.stuck_threads, tuple)
     with pytest.raises(dataclasses.FrozenInstanceError):
         stats.games = 3
+
+
+def test_after_games_every_layer_returns_its_record_and_reset_stats_its_score_window():
+    # Greedy action 1 in games of 4 steps; no prefetch thread, so nothing steps after wait_idle.
+    with make_stream(EnvFactory(episode_lengths=4), prefer(1), exploration=0.0,
+                     init_memory_size=60, prefetch=0) as stream:
+        take(iter(stream), 40)
+        population, manager = stream.population, stream.population.manager
+        population.wait_idle()
+        stats = stream.stats()
+        assert type(stats) is StreamStats and type(population.stats()) is PopulationStats
+        assert type(manager.stats()) is ManagerStats
+        assert stats.games > 0 and stats.mean_episode_length == 4.0 and stats.steps > 0
+        assert stats.mean_score is not None and stats.max_score >= stats.mean_score
+        assert stats.episodes_total >= stats.games and stats.inference_calls > 0
+
+        # Each layer's reset_stats() returns a ScoreWindow, a tuple that unpacks as tensorpack's
+        # (mean, max): the population's closes the window the stream's stats() just read ...
+        window = population.reset_stats()
+        assert type(window) is ScoreWindow
+        mean, best = window
+        assert (mean, best) == (window.mean, window.max) == (stats.mean_score, stats.max_score)
+        # ... and the manager's and the stream's find the next one empty.
+        assert type(manager.reset_stats()) is ScoreWindow
+        empty = stream.reset_stats()
+        assert type(empty) is ScoreWindow and empty == ScoreWindow() == (None, None)
+        assert stream.stats().games == 0 and stream.stats().episodes_total == stats.episodes_total
+    closed = population.reset_stats()
+    assert type(closed) is ScoreWindow and closed == (None, None)
 
 
 def test_a_population_not_started_reports_an_empty_window():
