@@ -361,7 +361,7 @@ class Population:
             greedy = min(1.0, rows / window.steps)
         return PopulationStats.extending(
             window, greedy_fraction=greedy,
-            episodes_total=self.episode_totals.snapshot()['episodes'],
+            episodes_total=self.episode_totals.snapshot().episodes,
             episodes_started_total=sum(starts.values()), restart_starts=starts.get('restart', 0))
 
     def start_counts(self) -> dict[str, int]:

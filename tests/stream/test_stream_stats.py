@@ -8,13 +8,15 @@ import inspect
 import pytest
 
 from expreplay import stats as stats_module
-from expreplay.stats import (ManagerStats, PopulationStats, RateLimiterStats, RayTrafficStats,
-                             ScoreWindow, StreamStats)
+from expreplay.acting.episodes import EpisodeRecord, EpisodeTotals
+from expreplay.stats import (EpisodeTotalsStats, ManagerStats, PopulationStats, RateLimiterStats,
+                             RayTrafficStats, ScoreWindow, StreamStats)
 from expreplay.stream import Population
 from expreplay.stream.ratelimit import SampleToInsertRatio
 from test_stream import EnvFactory, make_stream, prefer, take
 
-RECORDS = (ManagerStats, PopulationStats, StreamStats, RateLimiterStats, RayTrafficStats)
+RECORDS = (ManagerStats, PopulationStats, StreamStats, RateLimiterStats, RayTrafficStats,
+           EpisodeTotalsStats)
 
 
 def _field_docs():
@@ -86,6 +88,9 @@ def test_after_games_every_layer_returns_its_record_and_reset_stats_its_score_wi
         assert stats.games > 0 and stats.mean_episode_length == 4.0 and stats.steps > 0
         assert stats.mean_score is not None and stats.max_score >= stats.mean_score
         assert stats.episodes_total >= stats.games and stats.inference_calls > 0
+        totals = stream.episode_totals.snapshot()
+        assert type(totals) is EpisodeTotalsStats and totals.episodes == stats.episodes_total
+        assert totals.steps == 4 * totals.episodes and sum(totals.by_kind.values()) == totals.episodes
 
         # Each layer's reset_stats() returns a ScoreWindow, a tuple that unpacks as tensorpack's
         # (mean, max): the population's closes the window the stream's stats() just read ...
@@ -100,6 +105,25 @@ def test_after_games_every_layer_returns_its_record_and_reset_stats_its_score_wi
         assert stream.stats().games == 0 and stream.stats().episodes_total == stats.episodes_total
     closed = population.reset_stats()
     assert type(closed) is ScoreWindow and closed == (None, None)
+
+
+def test_episode_totals_snapshot_is_a_record_of_the_totals_then():
+    totals = EpisodeTotals()
+    record = EpisodeRecord(runner=0, env_index=0, episode=0, seed=None, start_kind='reset',
+                           score=1.0, length=7, terminated=True, truncated=False, life_losses=2,
+                           wall_time=1.0, steps_per_sec=7.0, end_time=0.0)
+    totals(record)
+    totals(record._replace(start_kind='restart', length=3, life_losses=0))
+    snapshot = totals.snapshot()
+    assert snapshot == EpisodeTotalsStats(episodes=2, steps=10, life_losses=2,
+                                          by_kind={'reset': 1, 'restart': 1})
+    totals(record)
+    assert snapshot.episodes == 2 and snapshot.by_kind == {'reset': 1, 'restart': 1}   # a copy
+    # The dict it used to be, for a logger; and the old dict read still works, with a warning.
+    assert totals.snapshot().as_dict() == {'episodes': 3, 'steps': 17, 'life_losses': 4,
+                                           'by_kind': {'reset': 2, 'restart': 1}}
+    with pytest.warns(DeprecationWarning, match='read stats.episodes instead'):
+        assert totals.snapshot()['episodes'] == 3
 
 
 def test_a_population_not_started_reports_an_empty_window():
