@@ -26,8 +26,8 @@ from ..errors import EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 from .runner import EnvRunner
 from .simulator import SimulatorThread, close_group, plan_groups
-from ..stats import ManagerStats, ScoreWindow
-from .stats import ActingStats
+from ..stats import ManagerStats
+from .stats import ActingStats, ScoreWindow
 from .window import InsertedSteps, StalenessWindow
 
 __all__ = ['EnvRunnerManager']
