@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from ..stats import ManagerStats, ScoreWindow
