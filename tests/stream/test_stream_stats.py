@@ -90,7 +90,8 @@ def test_after_games_every_layer_returns_its_record_and_reset_stats_its_score_wi
         assert stats.episodes_total >= stats.games and stats.inference_calls > 0
         totals = stream.episode_totals.snapshot()
         assert type(totals) is EpisodeTotalsStats and totals.episodes == stats.episodes_total
-        assert totals.steps == 4 * totals.episodes and sum(totals.by_kind.values()) == totals.episodes
+        assert totals.steps == 4 * totals.episodes
+        assert sum(totals.by_kind.values()) == totals.episodes
 
         # Each layer's reset_stats() returns a ScoreWindow, a tuple that unpacks as tensorpack's
         # (mean, max): the population's closes the window the stream's stats() just read ...
