@@ -9,7 +9,13 @@
   ``ExpReplay.stream.stats()``), those plus the memory, the batches and the prefetcher;
 * :class:`RateLimiterStats`: :meth:`SampleToInsertRatio.stats
   <expreplay.stream.ratelimit.SampleToInsertRatio.stats>`;
-* :class:`RayTrafficStats`: :meth:`RayVectorEnv.stats <expreplay.ray.RayVectorEnv.stats>`.
+* :class:`RayTrafficStats`: :meth:`RayVectorEnv.stats <expreplay.ray.RayVectorEnv.stats>`;
+* :class:`EpisodeTotalsStats`: :meth:`EpisodeTotals.snapshot
+  <expreplay.acting.episodes.EpisodeTotals.snapshot>`, the episode totals of a whole run.
+
+Every ``reset_stats()`` (of the manager, the population and the stream) returns a
+:class:`ScoreWindow`: the mean and largest score of the window it closes, a named tuple, so
+``mean, best = stream.reset_stats()`` unpacks it as tensorpack's ``reset_stats()`` was.
 
 Read the figures as attributes (``stream.stats().mean_score``); ``as_dict()`` gives a plain
 dict (for a logger or ``json.dumps``). A figure that has no value yet (no game finished, no
@@ -22,12 +28,22 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-__all__ = ['ManagerStats', 'PopulationStats', 'StreamStats', 'RateLimiterStats',
-           'RayTrafficStats']
+__all__ = ['ScoreWindow', 'ManagerStats', 'PopulationStats', 'StreamStats', 'RateLimiterStats',
+           'RayTrafficStats', 'EpisodeTotalsStats']
 
 _R = TypeVar('_R', bound='_Record')
+
+
+class ScoreWindow(NamedTuple):
+    """What ``reset_stats()`` returns: the scores of the games finished in the window it
+    closes. A tuple, ``(mean, max)``, for code that unpacks it; ``ScoreWindow()`` is a window
+    without games."""
+
+    #: Mean and largest score of those games; None without games.
+    mean: float | None = None
+    max: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -178,3 +194,17 @@ class RayTrafficStats(_Record):
     mean_in_flight: float | None
     #: Actors restarted after a death, total.
     actor_restarts: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EpisodeTotalsStats(_Record):
+    """Episodes finished since an :class:`~expreplay.acting.episodes.EpisodeTotals` was made
+    (over the whole run: never reset), and what they added up to."""
+
+    #: Episodes finished, and the env steps and lives lost in them, summed.
+    episodes: int = 0
+    steps: int = 0
+    life_losses: int = 0
+    #: Episodes finished per start kind (``'reset'``, ``'restart'``, ``'autoreset'``, ...;
+    #: the record's own copy).
+    by_kind: dict[str, int] = dataclasses.field(default_factory=dict)

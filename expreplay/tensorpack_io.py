@@ -349,10 +349,12 @@ class ExpReplay(DataFlow, Callback):
     def _trigger(self):
         monitors = self.trainer.monitors
         stats = self.stream.stats()
-        self.stream.reset_stats()   # the next window starts now
-        if stats.games:
-            monitors.put_scalar('expreplay/mean_score', stats.mean_score)
-            monitors.put_scalar('expreplay/max_score', stats.max_score)
+        # The scores of the window this closes (the next starts now), as tensorpack's
+        # reset_stats() gave them: a game that ended after stats() counts too.
+        scores = self.stream.reset_stats()
+        if scores.mean is not None:
+            monitors.put_scalar('expreplay/mean_score', scores.mean)
+            monitors.put_scalar('expreplay/max_score', scores.max)
         for name, field in _MONITORED:
             value = getattr(stats, field)
             if value is not None:      # a figure without data this epoch

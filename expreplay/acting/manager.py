@@ -27,7 +27,7 @@ from .inference import InferenceThread
 from .runner import EnvRunner
 from .simulator import SimulatorThread, close_group, plan_groups
 from ..stats import ManagerStats
-from .stats import ActingStats
+from .stats import ActingStats, ScoreWindow
 from .window import InsertedSteps, StalenessWindow
 
 __all__ = ['EnvRunnerManager']
@@ -253,18 +253,18 @@ class EnvRunnerManager:
         return (sum(b.calls for b in self._inference_threads.values()),
                 sum(b.rows for b in self._inference_threads.values()))
 
-    def reset_stats(self) -> tuple[float | None, float | None]:
-        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;
-        starts a new statistics window (see :meth:`stats`) and, as in tensorpack, empties the
-        runners' ``total_scores``."""
+    def reset_stats(self) -> ScoreWindow:
+        """The mean and largest score of the games finished since the last call, a
+        :class:`~expreplay.stats.ScoreWindow` (``(None, None)`` without games; a tuple, so
+        ``mean, best = reset_stats()`` unpacks it); starts a new statistics window (see
+        :meth:`stats`) and, as in tensorpack, empties the runners' ``total_scores``."""
         return self._stats.reset()
 
     def stats(self) -> ManagerStats:
         """Figures since the last :meth:`reset_stats` (does not reset them), and a few totals
         and figures of now: a :class:`~expreplay.stats.ManagerStats`."""
         pending, queued = self._window.counts()
-        return ManagerStats(
-            **self._stats.figures(),
+        return self._stats.figures(
             max_inference_batch=max([b.max_rows_seen for b in self._inference_threads.values()],
                                     default=None),
             queue_depth=pending, queued=queued, stuck_threads=tuple(self.stuck_threads))

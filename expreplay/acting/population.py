@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .._checks import check_callable, check_int, check_probability, check_seed
-from ..stats import ManagerStats, PopulationStats
+from ..stats import ManagerStats, PopulationStats, ScoreWindow
 from .exploration import Exploration, ExplorationArg
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
@@ -338,11 +338,12 @@ class Population:
         return self.manager
 
     # ------------------------------------------------------------------ statistics
-    def reset_stats(self) -> tuple[float | None, float | None]:
-        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;
-        starts a new statistics window."""
+    def reset_stats(self) -> ScoreWindow:
+        """The mean and largest score of the games finished since the last call, a
+        :class:`~expreplay.stats.ScoreWindow` (``(None, None)`` without games, and before
+        :meth:`start` and after :meth:`close`); starts a new statistics window."""
         if self.manager is None or self._closed:
-            return None, None
+            return ScoreWindow()
         return self.manager.reset_stats()
 
     def stats(self) -> PopulationStats:
@@ -360,7 +361,7 @@ class Population:
             greedy = min(1.0, rows / window.steps)
         return PopulationStats.extending(
             window, greedy_fraction=greedy,
-            episodes_total=self.episode_totals.snapshot()['episodes'],
+            episodes_total=self.episode_totals.snapshot().episodes,
             episodes_started_total=sum(starts.values()), restart_starts=starts.get('restart', 0))
 
     def start_counts(self) -> dict[str, int]:

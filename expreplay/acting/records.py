@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .._checks import check_bool
+from ..stats import EpisodeTotalsStats
 
 __all__ = ['EpisodeRecord', 'EpisodeLog', 'read_episode_log', 'EpisodeTotals',
            'EPISODE_LOG_FILENAME', 'make_record']
@@ -174,8 +175,9 @@ def read_episode_log(path: str | os.PathLike[str], as_dicts: bool = False) -> li
 class EpisodeTotals:
     """Running totals over :class:`EpisodeRecord` s (a thread-safe ``on_episode_end`` callback).
 
-    Attributes (read with :meth:`snapshot`): ``episodes``, ``steps``, ``life_losses`` and
-    ``by_kind`` (finished episodes per start kind).
+    Read them with :meth:`snapshot`, all at one moment: an
+    :class:`~expreplay.stats.EpisodeTotalsStats` (``episodes``, ``steps``, ``life_losses``,
+    ``by_kind``).
     """
 
     def __init__(self) -> None:
@@ -192,11 +194,12 @@ class EpisodeTotals:
             self.life_losses += int(record.life_losses)
             self.by_kind[record.start_kind] += 1
 
-    def snapshot(self) -> dict[str, Any]:
-        """A dict copy of the totals."""
+    def snapshot(self) -> EpisodeTotalsStats:
+        """The totals now, as a frozen record (its ``as_dict()`` is the dict this returned
+        before the records)."""
         with self._lock:
-            return {'episodes': self.episodes, 'steps': self.steps,
-                    'life_losses': self.life_losses, 'by_kind': dict(self.by_kind)}
+            return EpisodeTotalsStats(episodes=self.episodes, steps=self.steps,
+                                      life_losses=self.life_losses, by_kind=dict(self.by_kind))
 
 
 def make_record(runner: int, env_index: int, episode: int, seed: int | None, start_kind: str,

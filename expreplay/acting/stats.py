@@ -1,13 +1,14 @@
-"""A manager's statistics window: games, steps and predictor calls since the last reset."""
+"""A manager's statistics window: games, steps and predictor calls since the last reset, read
+as a :class:`~expreplay.stats.ManagerStats` (its figures are documented there)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import numpy as np
 
+from ..stats import ManagerStats, ScoreWindow
 from .runner import EnvRunner
 
 __all__ = ['ActingStats']
@@ -37,9 +38,9 @@ class ActingStats:
     def _total_steps(self) -> int:
         return sum(r.steps for r in self._runners)
 
-    def reset(self) -> tuple[float | None, float | None]:
-        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;
-        starts a new window and empties the runners' ``total_scores``."""
+    def reset(self) -> ScoreWindow:
+        """The scores of the games finished since the last call (``ScoreWindow()`` without
+        games); starts a new window and empties the runners' ``total_scores``."""
         self._collect_games(clear_total_scores=True)
         scores = [s for s, _ in self._games]
         self._games = []
@@ -47,30 +48,31 @@ class ActingStats:
         self._steps = self._total_steps()
         self._inference = self._inference_counts()
         if not scores:
-            return None, None
-        return float(np.mean(scores)), float(np.max(scores))
+            return ScoreWindow()
+        return ScoreWindow(mean=float(np.mean(scores)), max=float(np.max(scores)))
 
-    def figures(self) -> dict[str, Any]:
-        """The window's ``games``, ``mean_score``, ``max_score``, ``mean_episode_length``,
-        ``steps``, ``steps_per_sec``, ``inference_calls``, ``mean_inference_batch``, and the
-        totals ``restarts`` and ``actor_restarts`` (see :meth:`EnvRunnerManager.stats
-        <expreplay.acting.manager.EnvRunnerManager.stats>`)."""
+    def figures(self, *, max_inference_batch: int | None, queue_depth: int, queued: int,
+                stuck_threads: tuple[str, ...]) -> ManagerStats:
+        """The window's figures and the runners' totals, with the figures of now the manager
+        holds (given here): :meth:`EnvRunnerManager.stats
+        <expreplay.acting.manager.EnvRunnerManager.stats>`'s record."""
         self._collect_games()
         games = self._games
         elapsed = max(time.monotonic() - self._start, 1e-9)
         steps = self._total_steps() - self._steps
         calls, rows = self._inference_counts()
         calls, rows = calls - self._inference[0], rows - self._inference[1]
-        return {
-            'games': len(games),
-            'mean_score': float(np.mean([s for s, _ in games])) if games else None,
-            'max_score': float(np.max([s for s, _ in games])) if games else None,
-            'mean_episode_length': float(np.mean([n for _, n in games])) if games else None,
-            'steps': steps,
-            'steps_per_sec': steps / elapsed,
-            'inference_calls': calls,
-            'mean_inference_batch': rows / calls if calls else None,
-            'restarts': sum(r.restarts for r in self._runners),
-            'actor_restarts': sum(int(getattr(r.player, 'actor_restarts', 0) or 0)
-                                  for r in self._runners),
-        }
+        scores = [s for s, _ in games]
+        return ManagerStats(
+            games=len(games),
+            mean_score=float(np.mean(scores)) if games else None,
+            max_score=float(np.max(scores)) if games else None,
+            mean_episode_length=float(np.mean([n for _, n in games])) if games else None,
+            steps=steps, steps_per_sec=steps / elapsed,
+            inference_calls=calls, mean_inference_batch=rows / calls if calls else None,
+            max_inference_batch=max_inference_batch,
+            queue_depth=queue_depth, queued=queued,
+            restarts=sum(r.restarts for r in self._runners),
+            actor_restarts=sum(int(getattr(r.player, 'actor_restarts', 0) or 0)
+                               for r in self._runners),
+            stuck_threads=stuck_threads)

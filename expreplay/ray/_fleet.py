@@ -17,6 +17,7 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTa
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from ..stats import RayTrafficStats
 from ._host import EnvHost, Packet, Result
 from .errors import ActorFailedError, EnvBuildError
 
@@ -77,38 +78,46 @@ class Actor:
 
 
 class Traffic:
-    """What the actors' results carried and cost, summed."""
+    """What the actors' results carried and cost, summed (each sum is documented as the
+    :class:`~expreplay.stats.RayTrafficStats` field of its name)."""
 
     def __init__(self) -> None:
-        self.counts: dict[str, float] = dict(results=0, env_steps=0, bytes=0, compute=0.0,
-                                             round_trip=0.0, in_flight_sum=0, recv_calls=0, wait=0.0)
+        self.results = 0
+        self.env_steps = 0
+        self.bytes = 0
+        self.compute = 0.0
+        self.round_trip = 0.0
+        self.in_flight_sum = 0
+        self.recv_calls = 0
+        self.wait = 0.0
 
     def result(self, envs: int, result: Result, sent_at: float) -> None:
-        c = self.counts
-        c['results'] += 1
-        c['env_steps'] += envs
-        c['bytes'] += sum(x.nbytes for x in result[1:6] if x is not None)
-        c['compute'] += result[6]
-        c['round_trip'] += time.perf_counter() - sent_at
+        self.results += 1
+        self.env_steps += envs
+        self.bytes += sum(x.nbytes for x in result[1:6] if x is not None)
+        self.compute += result[6]
+        self.round_trip += time.perf_counter() - sent_at
 
     def recv(self, in_flight: int) -> None:
-        self.counts['recv_calls'] += 1
-        self.counts['in_flight_sum'] += in_flight
+        self.recv_calls += 1
+        self.in_flight_sum += in_flight
 
     def waited(self, seconds: float) -> None:
-        self.counts['wait'] += seconds
+        self.wait += seconds
 
-    def report(self) -> dict[str, Any]:
-        """The sums, and per env step: payload bytes, compute, round trip, transport overhead;
-        the mean number of actors in flight at a ``recv`` (None before the first)."""
-        st: dict[str, Any] = dict(self.counts)
-        n = max(st['env_steps'], 1)
-        st['bytes_per_step'] = st['bytes'] / n
-        st['compute_per_step'] = st['compute'] / n
-        st['round_trip_per_step'] = st['round_trip'] / n
-        st['overhead_per_step'] = (st['round_trip'] - st['compute']) / n
-        st['mean_in_flight'] = st['in_flight_sum'] / st['recv_calls'] if st['recv_calls'] else None
-        return st
+    def report(self, actor_restarts: int) -> RayTrafficStats:
+        """The sums, their means per env step and per ``recv``, and ``actor_restarts`` (the
+        fleet's owner counts those)."""
+        steps = max(self.env_steps, 1)
+        return RayTrafficStats(
+            results=self.results, env_steps=self.env_steps, bytes=self.bytes,
+            compute=self.compute, round_trip=self.round_trip,
+            in_flight_sum=self.in_flight_sum, recv_calls=self.recv_calls, wait=self.wait,
+            bytes_per_step=self.bytes / steps, compute_per_step=self.compute / steps,
+            round_trip_per_step=self.round_trip / steps,
+            overhead_per_step=(self.round_trip - self.compute) / steps,
+            mean_in_flight=self.in_flight_sum / self.recv_calls if self.recv_calls else None,
+            actor_restarts=actor_restarts)
 
 
 class ActorFleet:

@@ -212,7 +212,7 @@ class RayVectorEnv(gym.vector.VectorEnv):
         :class:`~expreplay.stats.RayTrafficStats`."""
         if self._fleet is None:
             raise RuntimeError("RayVectorEnv did not start")
-        return RayTrafficStats(**self._fleet.traffic.report(), actor_restarts=self.actor_restarts)
+        return self._fleet.traffic.report(actor_restarts=self.actor_restarts)
 
     def actor_pids(self) -> list[tuple[str, int]]:
         """``[(host, pid)]`` of each actor's current process (asks the actors; for tests/ops)."""

@@ -105,7 +105,7 @@ import numpy as np
 
 from .._checks import check_int
 from ..interrupts import protect_memory, uninterrupted
-from ..stats import StreamStats
+from ..stats import ScoreWindow, StreamStats
 from ..storage.memory import ReplayMemory
 from .checkpoint import MemoryCheckpoint
 from .fill import ProgressArg, check_progress, fill_memory
@@ -469,9 +469,10 @@ class ReplayStream:
             prefetch_waits=prefetcher and prefetcher.waits,
             prefetch_wait_time=prefetcher and prefetcher.wait_time)
 
-    def reset_stats(self) -> tuple[float | None, float | None]:
-        """``(mean, max)`` score of the games finished since the last call, or ``(None, None)``;
-        starts a new statistics window."""
+    def reset_stats(self) -> ScoreWindow:
+        """The mean and largest score of the games finished since the last call, a
+        :class:`~expreplay.stats.ScoreWindow` (``(None, None)`` without games; a tuple, so
+        ``mean, best = reset_stats()`` unpacks it); starts a new statistics window."""
         return self.population.reset_stats()
 
     def save_memory(self) -> None:

@@ -312,7 +312,7 @@ def test_episode_log_lines_parse_and_are_typed(tmp_path):
         runner.close()
     assert log.closed and log.write(EpisodeRecord(*([0] * 12))) is False   # dropped after close
     lines = path.read_text().splitlines()
-    assert len(lines) == totals.snapshot()['episodes'] == log.records_written >= 4
+    assert len(lines) == totals.snapshot().episodes == log.records_written >= 4
     types = dict(runner=int, env_index=int, episode=int, seed=int, start_kind=str, score=float,
                  length=int, terminated=bool, truncated=bool, life_losses=int, wall_time=float,
                  steps_per_sec=float, end_time=float, options=dict, restored_from=type(None))

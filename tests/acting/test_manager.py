@@ -10,6 +10,7 @@ from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 from expreplay import ReplayMemory
 from expreplay.acting import EnvRunner, EnvRunnerManager, InferenceThread
+from expreplay.stats import ManagerStats, ScoreWindow
 from acting_helpers import (DEFAULT, GUARD, crossed, H, MODES, PER_RUNNER, PIPELINED_1, StepPredictor,
                             assert_all_stored, assert_scores, greedy_ok, sample_and_check, threads_for)
 from acting_helpers import kernels, no_thread_left_behind  # noqa: F401 (fixtures)
@@ -247,13 +248,16 @@ def test_stats_figures(threads):
             mgr.step(0.0)
         mgr.wait_idle(GUARD)
         s = mgr.stats()
+        assert type(s) is ManagerStats
         # Greedy action t % 3 from step t earns 10 * (t % 3) + t: 0 + 11 + 22 + 3 per game.
         assert s.steps == 100 and s.games == sum(r.steps // 4 for r in runners) >= 24
         assert s.mean_episode_length == 4.0 and s.steps_per_sec > 0
         assert s.mean_score == s.max_score == 36.0
         assert s.inference_calls >= 1 and 1.0 <= s.mean_inference_batch <= 2.0
         assert s.queue_depth == 0 and s.queued == 0 and s.restarts == 0
-        mean, mx = mgr.reset_stats()
+        window = mgr.reset_stats()
+        mean, mx = window          # a ScoreWindow unpacks as tensorpack's (mean, max)
+        assert type(window) is ScoreWindow and (window.mean, window.max) == (mean, mx)
         assert (mean, mx) == (s.mean_score, s.max_score)
         assert mgr.stats().games == 0 and mgr.stats().steps == 0
 

@@ -372,6 +372,33 @@ def test_the_monitors_read_fields_of_the_streams_stats():
     assert {field for _, field in _MONITORED} <= fields
 
 
+def test_the_epoch_scores_are_those_of_the_window_reset_stats_closes(monkeypatch):
+    """As tensorpack's ``mean, max = reset_stats()``: a game that ended after the epoch's
+    stats() were read (none in them) is scored in the epoch it ended in."""
+    from types import SimpleNamespace
+    from expreplay.stats import ScoreWindow
+
+    class Monitors:
+        def __init__(self):
+            self.scalars = {}
+
+        def put_scalar(self, name, value):
+            self.scalars[name] = value
+
+    expreplay = make_expreplay(EnvFactory())
+    expreplay.trainer = SimpleNamespace(monitors=Monitors())
+    monkeypatch.setattr(expreplay.stream, 'reset_stats', lambda: ScoreWindow(mean=5.0, max=9.0))
+    expreplay._trigger()
+    scalars = expreplay.trainer.monitors.scalars
+    assert scalars['expreplay/games'] == 0       # the stream not started: an empty window
+    assert (scalars['expreplay/mean_score'], scalars['expreplay/max_score']) == (5.0, 9.0)
+    monkeypatch.setattr(expreplay.stream, 'reset_stats', lambda: ScoreWindow())
+    expreplay.trainer.monitors = Monitors()
+    expreplay._trigger()
+    assert 'expreplay/mean_score' not in expreplay.trainer.monitors.scalars   # no game: no score
+    expreplay.stream.close()
+
+
 # ------------------------------------------------------------------------------- DQN.py
 IMAGE_SIZE = (8, 8)
 FRAME_HISTORY = HISTORY
