@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from .envs import NO_LIVES, FrameHistory
-from .episodes import EpisodeStart, RestartPoint
-from .member import GroupMember
 from .records import make_record
+from .runner import EnvRunner
+from .starts import EpisodeStart, RestartPoint
 
 __all__ = ['LaneEpisodes']
 
@@ -35,7 +35,7 @@ class LaneEpisodes:
     :class:`~expreplay.acting.episodes.RestartPool`).
     """
 
-    def __init__(self, runners: Sequence[GroupMember], memory: Any, frame_shape: tuple[int, ...],
+    def __init__(self, runners: Sequence[EnvRunner], memory: Any, frame_shape: tuple[int, ...],
                  dtype: np.dtype, env_state: Callable[[int, int, bool], Any]) -> None:
         self.runners = list(runners)
         sizes = [r.num_envs for r in self.runners]
@@ -56,7 +56,7 @@ class LaneEpisodes:
         observers = [(k, getattr(r.episode_starts, 'observe_step', None))
                      for k, r in enumerate(self.runners)]
         self._observers = {k: f for k, f in observers if f is not None}
-        self._finished: list[tuple[GroupMember, Any]] = []   # records of this step, emitted after it
+        self._finished: list[tuple[EnvRunner, Any]] = []   # records of this step, emitted after it
         self._env_state = env_state
         self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
         # The acting kernel and the arrays its push_steps updates, bound once (the common step):
@@ -71,9 +71,9 @@ class LaneEpisodes:
         """The predictor's input for ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
         return self._history.states(lanes)
 
-    def episode_index(self, lane: int) -> int:
-        """How many games ``lane`` has started (the index of its next one)."""
-        return int(self._games_started[lane])
+    def episode_indices(self, lanes: np.ndarray) -> np.ndarray:
+        """How many games each of ``lanes`` has started (the index of its next one): a copy."""
+        return self._games_started[lanes]
 
     def last_actions(self, lanes: np.ndarray) -> np.ndarray:
         """The actions ``lanes`` took (or were sent) last."""
@@ -228,7 +228,7 @@ class LaneEpisodes:
                   self._snapshots[lane])
 
     def restart_point(self, lane: int, include_rng: bool = False) -> RestartPoint:
-        """A :class:`~expreplay.acting.episodes.RestartPoint` of ``lane`` now (between steps)."""
+        """A :class:`~expreplay.acting.starts.RestartPoint` of ``lane`` now (between steps)."""
         state = self._env_state(int(self._lane_runner[lane]), int(self._lane_env[lane]), include_rng)
         info = self._episode_info[lane]
         assert info is not None
