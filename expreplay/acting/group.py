@@ -261,7 +261,7 @@ class ActingGroup:
         common case (no failure, no episode end), so that nothing else is due."""
         assert self._singles is not None
         steps = self._singles
-        if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows()):
+        if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows):
             for k in members.tolist():
                 self._steps[k] += 1
             self.inserted += len(members)
@@ -277,9 +277,11 @@ class ActingGroup:
         for k in stepped.tolist():
             self._steps[k] += 1
         self.inserted += len(stepped)
-        frames, rewards, term, trunc, lives = steps.rows()
+        if not len(stepped):
+            return False
+        frames, rewards, term, trunc, lives = steps.rows
         self._lanes.store(stepped, actions[rows], frames[rows], rewards[rows], term[rows],
-                          trunc[rows], lives[rows], fast=False)
+                          trunc[rows], lives[rows])
         return False
 
     def _step_vector(self, k: int, actions: np.ndarray, failures: Failures) -> None:
@@ -338,7 +340,11 @@ class ActingGroup:
             reward, term, trunc = reward[stepping], term[stepping], trunc[stepping]
         self._steps[k] += len(lanes)
         self.inserted += len(lanes)
-        self._lanes.store(lanes, actions, frames, reward, term, trunc, lives)
+        # The common step first, the general path when it declines (a frame fewer per step
+        # than going through store(), which the history's push_steps spends).
+        if len(lanes) and not self._lanes.store_fast(lanes, actions, frames, reward, term, trunc,
+                                                     lives):
+            self._lanes.store(lanes, actions, frames, reward, term, trunc, lives)
 
     def _fail(self, k: int, err: EnvError, failures: Failures) -> None:
         """Runner ``k`` failed: its episodes end here, its next step resets its env."""
@@ -383,6 +389,10 @@ class _SingleSteps:
         self._term = np.zeros(m, bool)
         self._trunc = np.zeros(m, bool)
         self._lives = np.zeros(m, np.int64)
+        self._all_rows = (self._obs, self._reward, self._term, self._trunc, self._lives)
+        # (frames, rewards, terminated, truncated, lives) of this step's members (sliced only
+        # when some runners did not step), set by step().
+        self.rows: tuple[np.ndarray, ...] = self._all_rows
         self.m = 0
         self.failed: list[tuple[int, BaseException]] = []
         self.runners: list[EnvRunner] = []
@@ -407,15 +417,9 @@ class _SingleSteps:
                 failed.append((j, err))
         self.m = m = len(members)
         self.failed = failed
-        return not failed and unstorable_frames(obs_buf[:m], dtype) is None
-
-    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(frames, rewards, terminated, truncated, lives)`` of this step's members (sliced
-        only when some runners did not step)."""
-        m = self.m
-        if m == len(self._obs):
-            return self._obs, self._reward, self._term, self._trunc, self._lives
-        return self._obs[:m], self._reward[:m], self._term[:m], self._trunc[:m], self._lives[:m]
+        # An attribute, not a method: the common step reads it once more per step otherwise.
+        self.rows = self._all_rows if m == len(obs_buf) else tuple(a[:m] for a in self._all_rows)
+        return not failed and unstorable_frames(self.rows[0], dtype) is None
 
     def check_batch(self) -> None:
         """The memory's rules for what the envs returned, checked on the whole batch at once;

@@ -59,12 +59,9 @@ class LaneEpisodes:
         self._finished: list[tuple[EnvRunner, Any]] = []   # records of this step, emitted after it
         self._env_state = env_state
         self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
-        # The acting kernel and the arrays its push_steps updates, bound once (the common step):
-        # the kernel the history took when built just above, as the writer took its binding
-        # (one moment, expreplay._kernels; the fast step needs both, on the same buffers).
+        # The acting kernel the history took when built just above, as the writer took its
+        # binding (one moment, expreplay._kernels): the fast step needs both.
         self._kernel = self._history.kernel
-        self._push_tables = (*self._history.buffers(), self._history.history_len, self._score,
-                             self._length, self._lives)
 
     # ------------------------------------------------------------------ reading
     def states(self, lanes: np.ndarray) -> np.ndarray:
@@ -94,14 +91,16 @@ class LaneEpisodes:
                    lives: np.ndarray) -> bool:
         """The common step in two C calls, if none ends an episode, loses a life or changes a
         memory block: the ring's write (:meth:`BatchWriter.try_add_steps`) and the lanes' own
-        bookkeeping (history, score, length, lives: the acting kernel's ``push_steps``, the
-        numpy path's rules of :meth:`store`); False, nothing written, otherwise."""
+        bookkeeping (history, score, length, lives: :meth:`FrameHistory.push_steps
+        <expreplay.acting.envs.FrameHistory.push_steps>`, the numpy path's rules of
+        :meth:`store`); False, nothing written, otherwise (then :meth:`store` it)."""
         ext = self._kernel
         if ext is None or not ext.lives_kept(lanes, lives, self._lives) \
                 or not self._writer.try_add_steps(lanes, actions, rewards, frames, terminated,
                                                   truncated):
             return False
-        if ext.push_steps(lanes, frames, rewards, lives, *self._push_tables):
+        if not self._history.push_steps(lanes, frames, rewards, lives, self._score, self._length,
+                                        self._lives):
             # A table the kernel does not take (it checked before changing anything).
             self._score[lanes] += rewards
             self._length[lanes] += 1
@@ -115,12 +114,10 @@ class LaneEpisodes:
 
     def store(self, lanes: np.ndarray, actions: np.ndarray, frames: np.ndarray,
               rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-              lives: np.ndarray, fast: bool = True) -> None:
-        """Write the steps of ``lanes`` (arrays, one row each) and do the episodes' bookkeeping."""
-        if not len(lanes):
-            return
-        if fast and self.store_fast(lanes, actions, frames, rewards, terminated, truncated, lives):
-            return
+              lives: np.ndarray) -> None:
+        """Write the steps of ``lanes`` (arrays, one row each, at least one) and do the
+        episodes' bookkeeping: the general path (episode ends, lost lives, a new memory block),
+        after :meth:`store_fast` declined."""
         life_lost = self._lose_lives(lanes, lives)
         if life_lost is not None:
             # A life loss is terminal for training only; a game both truncated and ended by a
