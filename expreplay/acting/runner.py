@@ -221,6 +221,8 @@ class EnvRunner:
         ``runners[position]`` is this runner) steps this runner: called by the group's owner
         once it built the group. The runner's episodes in the group that stepped it before end
         where they are, and its next step resets the env."""
+        if group.runners[position] is not self:
+            raise ValueError(f"{self!r} is not runners[{position}] of {group!r}")
         old, old_position = self._group, self._position
         if old is not None and old is not group:
             self._steps_before += old.steps_of(old_position)

@@ -316,6 +316,9 @@ def test_a_group_changes_no_runner_until_its_owner_seats_them_there():
     solo = runner.group
     group = ActingGroup([runner])
     assert runner.group is solo and runner.steps == 3 and not runner.needs_reset
+    other = EnvRunner(ScriptedEnv(1, episode_lengths=1000), StepPredictor(), mem, H, index=1)
+    with pytest.raises(ValueError, match='not runners'):
+        other.seat(group, 0)              # a seat is the runner's own place in the group
     runner.seat(group, 0)                 # what the group's owner (a manager) does
     assert runner.group is group and runner.needs_reset and runner.steps == 3
     group.step(1.0)
