@@ -4,17 +4,20 @@ The layer itself lives in modules with one job each:
 
 * :mod:`expreplay.acting.runner`: :class:`EnvRunner` (one environment and its counters);
 * :mod:`expreplay.acting.group`: :class:`ActingGroup` (the one acting path: several runners'
-  sub-envs stepped as one batch), made of :mod:`~expreplay.acting.policy` (the epsilon-greedy
-  draws and Q-values), :mod:`~expreplay.acting.lanes` (episodes and the memory writes) and
+  sub-envs stepped as one batch, and their stepping state), composing three peers:
+  :mod:`~expreplay.acting.policy` (the epsilon-greedy draws and Q-values),
+  :mod:`~expreplay.acting.lanes` (episodes and the memory writes) and
   :mod:`~expreplay.acting.resets` (resets and scheduled starts);
 * :mod:`expreplay.acting.inference`: :class:`InferenceThread` (the predictor in a thread of its own,
   merging the submissions of several simulator threads);
-* :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager`, made of
+* :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager` (which plans and builds the
+  groups), made of
   :mod:`~expreplay.acting.window` (the staleness window), :mod:`~expreplay.acting.simulator` (the
   simulator threads), :mod:`~expreplay.acting.faults` (faults, restarts, the watchdog) and
   :mod:`~expreplay.acting.stats` (statistics);
 * :mod:`expreplay.acting.envs`: the env adapters (gymnasium, old gym, vector envs, EnvPool, Ray);
-* :mod:`expreplay.acting.episodes` and :mod:`expreplay.acting.records`: episode starts, and the
+* :mod:`expreplay.acting.starts`, :mod:`expreplay.acting.episodes` and
+  :mod:`expreplay.acting.records`: how an episode starts, the schedulers that decide it, and the
   records of finished episodes;
 * :mod:`expreplay.errors`: the exceptions.
 """

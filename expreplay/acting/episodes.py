@@ -7,6 +7,8 @@ that do those jobs:
 
 * seed schedules: :class:`ProceduralSeeds`, :class:`FixedSeed`, :class:`SeedList`;
 * :class:`Curriculum`: reset options as a function of training progress;
+* :class:`EpisodeStart` and :class:`RestartPoint` (the values a scheduler returns and
+  collects): defined in :mod:`expreplay.acting.starts`, importable from here;
 * :class:`RestartPool`: starts a share of the episodes of ALE envs from emulator states saved
   in earlier episodes;
 * :class:`EpisodeRecord`, :class:`EpisodeLog` (a crash-safe JSONL writer),
@@ -52,13 +54,14 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .._checks import check_bool, check_int, check_probability, check_real, check_seed
 from .records import (EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals,  # noqa: F401
                       read_episode_log)
+from .starts import EpisodeStart, RestartPoint
 
 __all__ = ['EpisodeStart', 'RestartPoint', 'EpisodeScheduler', 'ProceduralSeeds', 'FixedSeed',
            'SeedList', 'SeedsExhausted', 'Curriculum', 'RestartPool', 'EpisodeRecord',
@@ -66,45 +69,6 @@ __all__ = ['EpisodeStart', 'RestartPoint', 'EpisodeScheduler', 'ProceduralSeeds'
 
 # Seeds handed to reset(): below 2**31, so that envs that keep them in a C int accept them too.
 _SEED_MASK = 0x7FFFFFFF
-
-
-# ------------------------------------------------------------------------------------ starts
-class EpisodeStart(NamedTuple):
-    """How to start one episode.
-
-    Attributes:
-        seed: passed to ``reset(seed=...)``; None resets without a seed (the env continues its
-            own random sequence).
-        options: passed to ``reset(options=...)`` (gymnasium envs only); None for none.
-        kind: recorded as the episode's ``start_kind``: ``'reset'`` for a plain reset,
-            ``'restart'`` for a start from a :class:`RestartPoint` (any string is allowed).
-        restore: a :class:`RestartPoint` to restore right after the reset, or None.
-    """
-    seed: int | None = None
-    options: dict[str, Any] | None = None
-    kind: str = 'reset'
-    restore: RestartPoint | None = None
-
-
-class RestartPoint(NamedTuple):
-    """A saved emulator state to start episodes from.
-
-    Attributes:
-        state: the emulator state (``ale_py.ALEState`` from ``cloneState``).
-        frame: the observation the runner stored for that state (memory dtype and shape). ALE
-            does not restore its screen buffer with ``restoreState`` (the screen keeps showing
-            the frame before the restore until the next ``act``), so the first frame of a
-            restarted episode is this saved frame, not a render.
-        lives: ``info['lives']`` at that state, or None.
-        action: the action of the step that led to the state (sticky actions repeat it), or None.
-        origin: where it was harvested: ``{'runner', 'env_index', 'episode', 'step'}``
-            (``step``: steps into that episode, which may itself have been a restart).
-    """
-    state: Any
-    frame: np.ndarray
-    lives: int | None
-    action: int | None
-    origin: dict[str, Any]
 
 
 class EpisodeScheduler:

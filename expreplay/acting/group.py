@@ -29,9 +29,9 @@ import numpy as np
 
 from .envs import NO_LIVES, FrameFormat, Results
 from .lanes import LaneEpisodes
-from .member import GroupMember
 from .policy import EpsilonGreedy, as_q_values, check_q_values, explorations
 from .resets import AUTORESET, LaneResets, env_error
+from .runner import EnvRunner
 from ..errors import EnvError, PredictorError
 # The memory's rules for rewards and frames, on a whole step at once.
 from ..storage._inputs import check_rewards, unstorable_frames, unstorable_rewards
@@ -39,7 +39,7 @@ from ..storage._inputs import check_rewards, unstorable_frames, unstorable_rewar
 __all__ = ['ActingGroup', 'check_q_values', 'as_q_values']
 
 # What finish() returns: the runners whose env failed, with the error.
-Failures = list[tuple[GroupMember, EnvError]]
+Failures = list[tuple[EnvRunner, EnvError]]
 
 
 class ActingGroup:
@@ -48,20 +48,22 @@ class ActingGroup:
     Lane ``runner_lanes[r][i]`` is sub-env ``i`` of ``runners[r]``; each lane writes its own
     memory lane, and has its frame history, score, length and lives in arrays over all lanes.
     The runners must share the memory, the history length, the predictor and the number of
-    actions; an asynchronous runner is a group of its own. Building a group moves the runners
-    into it (each is in one group at a time; a runner that had stepped elsewhere resets its env
-    and starts new episodes).
+    actions; an asynchronous runner is a group of its own. The group's owner seats each runner
+    in it (:meth:`EnvRunner.seat <expreplay.acting.runner.EnvRunner.seat>`: a runner is in one
+    group at a time, and one that had stepped elsewhere resets its env and starts new
+    episodes); building the group changes no runner.
 
     :meth:`begin` / :meth:`finish` step a subset of the runners (``members``, indices into
     :attr:`runners`), so that a manager with fewer requests than runners steps only some.
     Failures of single runners are returned by :meth:`finish` (their runners need a reset;
     the other members' steps are stored); the predictor's are raised. Use from one thread.
 
-    The group owns its runners' stepping state, which they read: reset flags (:meth:`needs_reset`,
+    The group owns the stepping state of the envs it steps, by runner position (the index into
+    :attr:`runners`), which the runners read from their seat: reset flags (:meth:`needs_reset`,
     :meth:`request_reset`), steps stored (:meth:`steps_of`, :attr:`inserted`).
     """
 
-    def __init__(self, runners: Iterable[GroupMember]) -> None:
+    def __init__(self, runners: Iterable[EnvRunner]) -> None:
         runners = list(runners)
         first = runners[0]
         for r in runners[1:]:
@@ -83,20 +85,16 @@ class ActingGroup:
         self.num_lanes = int(starts[-1])
         self.runner_lanes = [np.arange(starts[k], starts[k + 1]) for k in range(len(runners))]
         self._all_members = np.arange(len(runners))
-        self._position = {id(r): k for k, r in enumerate(runners)}
-        # Per runner: its next step starts by resetting its env; steps it stored here.
+        # Per runner position: its next step starts by resetting its env; steps it stored here.
         self._needs_reset, self._steps = [True] * len(runners), [0] * len(runners)
         self.inserted = 0                  # steps stored by all runners (read: InsertedSteps)
-
-        for r in runners:
-            r.join_group(self)            # its episodes in another group end where they are
         self._format = FrameFormat(self.memory.state_shape, self.memory.dtype)
         # The policy, the lanes' frame history and batch writer take their C kernels as they
         # are built here, once (expreplay._kernels): the group keeps the path it was built with.
         self._policy = EpsilonGreedy([r.rng for r in runners], self.runner_lanes, self.num_actions)
         self._lanes = LaneEpisodes(runners, self.memory, self._format.state_shape,
                                    self._format.dtype, self._env_state)
-        self._resets = LaneResets(runners, self.runner_lanes, self._lanes, self._format)
+        self._resets = LaneResets(runners, self.runner_lanes, self._format)
         self._singles = _SingleSteps(runners, self._format) if self.singles else None
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._closed = False
@@ -115,17 +113,18 @@ class ActingGroup:
         """True between :meth:`begin` and :meth:`finish` (or :meth:`abort`)."""
         return self._pending is not None
 
-    def needs_reset(self, runner: GroupMember) -> bool:
-        """Whether ``runner``'s next step starts by resetting its env."""
-        return self._needs_reset[self._position[id(runner)]]
+    def needs_reset(self, position: int) -> bool:
+        """Whether the next step of ``runners[position]`` starts by resetting its env."""
+        return self._needs_reset[position]
 
-    def request_reset(self, runner: GroupMember) -> None:
-        """``runner``'s next step resets its env (after a restart: a new player)."""
-        self._needs_reset[self._position[id(runner)]] = True
+    def request_reset(self, position: int) -> None:
+        """The next step of ``runners[position]`` resets its env (after a restart: a new
+        player)."""
+        self._needs_reset[position] = True
 
-    def steps_of(self, runner: GroupMember) -> int:
-        """The steps ``runner`` took and stored in this group."""
-        return self._steps[self._position[id(runner)]]
+    def steps_of(self, position: int) -> int:
+        """The steps ``runners[position]`` took and stored in this group."""
+        return self._steps[position]
 
     def _env_state(self, k: int, env_index: int, include_rng: bool) -> Any:
         return self._resets.env_state(k, env_index, include_rng)
@@ -168,7 +167,7 @@ class ActingGroup:
         eps = explorations(exploration, members)
         for k in members.tolist():
             if self._needs_reset[k]:
-                self._resets.reset_runner(k)
+                self._reset_runner(k)
                 self._needs_reset[k] = False
         if self.is_async:
             lanes = self._receive()
@@ -219,7 +218,7 @@ class ActingGroup:
         for k in members.tolist():
             if not self._needs_reset[k] and not is_open[self.runner_lanes[k]].all():
                 try:
-                    self._resets.reset_finished(k)
+                    self._reset_finished(k)
                 except EnvError as err:
                     self._fail(k, err, failures)
         return failures
@@ -238,13 +237,31 @@ class ActingGroup:
             _, lanes, actions, _ = pending
             self._send(lanes, actions)
 
+    # ------------------------------------------------------------------ resets
+    def _reset_runner(self, k: int) -> None:
+        """Reset every sub-env of runner ``k``: its episodes end where they are first (also
+        when the reset fails), and the new ones start in the lanes."""
+        lanes = self.runner_lanes[k]
+        self._lanes.close(lanes)
+        starts = self._resets.reset_runner(k, self._lanes.episode_indices(lanes))
+        if starts is not None:
+            self._lanes.start(*starts)
+
+    def _reset_finished(self, k: int) -> None:
+        """Start new games in runner ``k``'s sub-envs whose games ended."""
+        lanes = self.runner_lanes[k]
+        starts = self._resets.reset_finished(k, ~self._lanes.open[lanes],
+                                             self._lanes.episode_indices(lanes))
+        if starts is not None:
+            self._lanes.start(*starts)
+
     # ------------------------------------------------------------------ env calls
     def _step_singles(self, members: np.ndarray, actions: np.ndarray, failures: Failures) -> bool:
         """One ``step`` call per single-env runner; True when the steps were stored in the
         common case (no failure, no episode end), so that nothing else is due."""
         assert self._singles is not None
         steps = self._singles
-        if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows()):
+        if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows):
             for k in members.tolist():
                 self._steps[k] += 1
             self.inserted += len(members)
@@ -260,9 +277,11 @@ class ActingGroup:
         for k in stepped.tolist():
             self._steps[k] += 1
         self.inserted += len(stepped)
-        frames, rewards, term, trunc, lives = steps.rows()
+        if not len(stepped):
+            return False
+        frames, rewards, term, trunc, lives = steps.rows
         self._lanes.store(stepped, actions[rows], frames[rows], rewards[rows], term[rows],
-                          trunc[rows], lives[rows], fast=False)
+                          trunc[rows], lives[rows])
         return False
 
     def _step_vector(self, k: int, actions: np.ndarray, failures: Failures) -> None:
@@ -321,7 +340,11 @@ class ActingGroup:
             reward, term, trunc = reward[stepping], term[stepping], trunc[stepping]
         self._steps[k] += len(lanes)
         self.inserted += len(lanes)
-        self._lanes.store(lanes, actions, frames, reward, term, trunc, lives)
+        # The common step first, the general path when it declines (a frame fewer per step
+        # than going through store(), which the history's push_steps spends).
+        if len(lanes) and not self._lanes.store_fast(lanes, actions, frames, reward, term, trunc,
+                                                     lives):
+            self._lanes.store(lanes, actions, frames, reward, term, trunc, lives)
 
     def _fail(self, k: int, err: EnvError, failures: Failures) -> None:
         """Runner ``k`` failed: its episodes end here, its next step resets its env."""
@@ -330,12 +353,11 @@ class ActingGroup:
         failures.append((self.runners[k], err))
 
     # ------------------------------------------------------------------ membership, close
-    def release(self, runner: GroupMember) -> None:
-        """``runner`` moves to another group: its lanes here end where they are; a group
-        left with no runner of its own detaches from the memory."""
-        k = self.runners.index(runner)
-        self._lanes.close(self.runner_lanes[k])
-        self._released.add(k)
+    def release(self, position: int) -> None:
+        """``runners[position]`` moves to another group: its lanes here end where they are; a
+        group left with no runner of its own detaches from the memory."""
+        self._lanes.close(self.runner_lanes[position])
+        self._released.add(position)
         if len(self._released) == len(self.runners):
             self.close()
 
@@ -358,7 +380,7 @@ class _SingleSteps:
     """The env calls of a step of single-env runners, their results gathered into reused
     buffers (one row per member), and the memory's rules checked on the whole batch."""
 
-    def __init__(self, runners: Sequence[GroupMember], frame_format: FrameFormat) -> None:
+    def __init__(self, runners: Sequence[EnvRunner], frame_format: FrameFormat) -> None:
         self._runners = list(runners)
         self._format = frame_format
         m = len(self._runners)
@@ -367,9 +389,13 @@ class _SingleSteps:
         self._term = np.zeros(m, bool)
         self._trunc = np.zeros(m, bool)
         self._lives = np.zeros(m, np.int64)
+        self._all_rows = (self._obs, self._reward, self._term, self._trunc, self._lives)
+        # (frames, rewards, terminated, truncated, lives) of this step's members (sliced only
+        # when some runners did not step), set by step().
+        self.rows: tuple[np.ndarray, ...] = self._all_rows
         self.m = 0
         self.failed: list[tuple[int, BaseException]] = []
-        self.runners: list[GroupMember] = []
+        self.runners: list[EnvRunner] = []
 
     def step(self, members: np.ndarray, actions: np.ndarray) -> bool:
         """Step runner ``members[j]`` with ``actions[j]``; ``failed`` lists ``(j, error)``.
@@ -391,15 +417,9 @@ class _SingleSteps:
                 failed.append((j, err))
         self.m = m = len(members)
         self.failed = failed
-        return not failed and unstorable_frames(obs_buf[:m], dtype) is None
-
-    def rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(frames, rewards, terminated, truncated, lives)`` of this step's members (sliced
-        only when some runners did not step)."""
-        m = self.m
-        if m == len(self._obs):
-            return self._obs, self._reward, self._term, self._trunc, self._lives
-        return self._obs[:m], self._reward[:m], self._term[:m], self._trunc[:m], self._lives[:m]
+        # An attribute, not a method: the common step reads it once more per step otherwise.
+        self.rows = self._all_rows if m == len(obs_buf) else tuple(a[:m] for a in self._all_rows)
+        return not failed and unstorable_frames(self.rows[0], dtype) is None
 
     def check_batch(self) -> None:
         """The memory's rules for what the envs returned, checked on the whole batch at once;

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from .envs import NO_LIVES, FrameHistory
-from .episodes import EpisodeStart, RestartPoint
-from .member import GroupMember
 from .records import make_record
+from .runner import EnvRunner
+from .starts import EpisodeStart, RestartPoint
 
 __all__ = ['LaneEpisodes']
 
@@ -35,7 +35,7 @@ class LaneEpisodes:
     :class:`~expreplay.acting.episodes.RestartPool`).
     """
 
-    def __init__(self, runners: Sequence[GroupMember], memory: Any, frame_shape: tuple[int, ...],
+    def __init__(self, runners: Sequence[EnvRunner], memory: Any, frame_shape: tuple[int, ...],
                  dtype: np.dtype, env_state: Callable[[int, int, bool], Any]) -> None:
         self.runners = list(runners)
         sizes = [r.num_envs for r in self.runners]
@@ -56,24 +56,21 @@ class LaneEpisodes:
         observers = [(k, getattr(r.episode_starts, 'observe_step', None))
                      for k, r in enumerate(self.runners)]
         self._observers = {k: f for k, f in observers if f is not None}
-        self._finished: list[tuple[GroupMember, Any]] = []   # records of this step, emitted after it
+        self._finished: list[tuple[EnvRunner, Any]] = []   # records of this step, emitted after it
         self._env_state = env_state
         self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
-        # The acting kernel and the arrays its push_steps updates, bound once (the common step):
-        # the kernel the history took when built just above, as the writer took its binding
-        # (one moment, expreplay._kernels; the fast step needs both, on the same buffers).
+        # The acting kernel the history took when built just above, as the writer took its
+        # binding (one moment, expreplay._kernels): the fast step needs both.
         self._kernel = self._history.kernel
-        self._push_tables = (*self._history.buffers(), self._history.history_len, self._score,
-                             self._length, self._lives)
 
     # ------------------------------------------------------------------ reading
     def states(self, lanes: np.ndarray) -> np.ndarray:
         """The predictor's input for ``lanes``: ``(len(lanes), *state_shape, history_len)``."""
         return self._history.states(lanes)
 
-    def episode_index(self, lane: int) -> int:
-        """How many games ``lane`` has started (the index of its next one)."""
-        return int(self._games_started[lane])
+    def episode_indices(self, lanes: np.ndarray) -> np.ndarray:
+        """How many games each of ``lanes`` has started (the index of its next one): a copy."""
+        return self._games_started[lanes]
 
     def last_actions(self, lanes: np.ndarray) -> np.ndarray:
         """The actions ``lanes`` took (or were sent) last."""
@@ -94,14 +91,16 @@ class LaneEpisodes:
                    lives: np.ndarray) -> bool:
         """The common step in two C calls, if none ends an episode, loses a life or changes a
         memory block: the ring's write (:meth:`BatchWriter.try_add_steps`) and the lanes' own
-        bookkeeping (history, score, length, lives: the acting kernel's ``push_steps``, the
-        numpy path's rules of :meth:`store`); False, nothing written, otherwise."""
+        bookkeeping (history, score, length, lives: :meth:`FrameHistory.push_steps
+        <expreplay.acting.envs.FrameHistory.push_steps>`, the numpy path's rules of
+        :meth:`store`); False, nothing written, otherwise (then :meth:`store` it)."""
         ext = self._kernel
         if ext is None or not ext.lives_kept(lanes, lives, self._lives) \
                 or not self._writer.try_add_steps(lanes, actions, rewards, frames, terminated,
                                                   truncated):
             return False
-        if ext.push_steps(lanes, frames, rewards, lives, *self._push_tables):
+        if not self._history.push_steps(lanes, frames, rewards, lives, self._score, self._length,
+                                        self._lives):
             # A table the kernel does not take (it checked before changing anything).
             self._score[lanes] += rewards
             self._length[lanes] += 1
@@ -115,12 +114,10 @@ class LaneEpisodes:
 
     def store(self, lanes: np.ndarray, actions: np.ndarray, frames: np.ndarray,
               rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
-              lives: np.ndarray, fast: bool = True) -> None:
-        """Write the steps of ``lanes`` (arrays, one row each) and do the episodes' bookkeeping."""
-        if not len(lanes):
-            return
-        if fast and self.store_fast(lanes, actions, frames, rewards, terminated, truncated, lives):
-            return
+              lives: np.ndarray) -> None:
+        """Write the steps of ``lanes`` (arrays, one row each, at least one) and do the
+        episodes' bookkeeping: the general path (episode ends, lost lives, a new memory block),
+        after :meth:`store_fast` declined."""
         life_lost = self._lose_lives(lanes, lives)
         if life_lost is not None:
             # A life loss is terminal for training only; a game both truncated and ended by a
@@ -228,7 +225,7 @@ class LaneEpisodes:
                   self._snapshots[lane])
 
     def restart_point(self, lane: int, include_rng: bool = False) -> RestartPoint:
-        """A :class:`~expreplay.acting.episodes.RestartPoint` of ``lane`` now (between steps)."""
+        """A :class:`~expreplay.acting.starts.RestartPoint` of ``lane`` now (between steps)."""
         state = self._env_state(int(self._lane_runner[lane]), int(self._lane_env[lane]), include_rng)
         info = self._episode_info[lane]
         assert info is not None

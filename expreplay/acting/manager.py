@@ -10,12 +10,13 @@ it does shutdown itself. Acting is :class:`expreplay.acting.group.ActingGroup`'s
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -25,12 +26,54 @@ from .group import ActingGroup
 from ..errors import EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 from .runner import EnvRunner
-from .simulator import SimulatorThread, close_group, plan_groups
+from .simulator import SimulatorThread, close_group
 from ..stats import ManagerStats
 from .stats import ActingStats, ScoreWindow
 from .window import InsertedSteps, StalenessWindow
 
 __all__ = ['EnvRunnerManager']
+
+
+def seated_group(runners: Sequence[EnvRunner]) -> ActingGroup:
+    """An acting group of ``runners``, each seated in it (:meth:`EnvRunner.seat`): the manager
+    owns the groups it builds."""
+    group = ActingGroup(runners)
+    for position, runner in enumerate(group.runners):
+        runner.seat(group, position)
+    return group
+
+
+def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
+    """The acting groups of each simulator thread, their runners seated in them:
+    ``simulator_threads`` as :class:`EnvRunnerManager` documents it."""
+    n = len(runners)
+    if simulator_threads is None:
+        singles = [r for r in runners if not r.is_vector]
+        others = [[r] for r in runners if r.is_vector]
+        owned = ([singles] if len(singles) > 1 else [[r] for r in singles]) + others
+    else:
+        owned = [list(runners[j::simulator_threads]) for j in range(simulator_threads)]
+    plan = []
+    for rs in owned:
+        groups: list[ActingGroup] = []
+        # Vector and asynchronous runners are groups of their own; single envs that can
+        # share a predictor call form two halves, pipelined.
+        for r in rs:
+            if r.is_vector:
+                groups.append(seated_group([r]))
+        singles = [r for r in rs if not r.is_vector]
+        by_key: dict[tuple[int, int, int], list[EnvRunner]] = collections.defaultdict(list)
+        for r in singles:
+            by_key[(id(r.predictor), id(r.memory), r.num_actions)].append(r)
+        for members in by_key.values():
+            if len(members) == 1 or simulator_threads == n:
+                groups.extend(seated_group([r]) for r in members)
+            else:
+                half = (len(members) + 1) // 2
+                groups += [seated_group(members[:half]), seated_group(members[half:])]
+        plan.append(groups)
+    assert sum(len(g.runners) for gs in plan for g in gs) == n
+    return plan
 
 
 class EnvRunnerManager:
@@ -140,7 +183,7 @@ class EnvRunnerManager:
         self._inline: ActingGroup | None = None
         if n == 1:
             runner = self._runners[0]
-            self._inline = runner.group if runner.group is not None else ActingGroup([runner])
+            self._inline = runner.group if runner.group is not None else seated_group([runner])
             self._inline_steps = InsertedSteps(self._inline)
             self._groups = [self._inline]
             self.pipelined = False

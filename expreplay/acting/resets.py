@@ -3,7 +3,10 @@
 :class:`LaneResets` resets a runner's sub-envs (the first step, after a failure or a restart,
 and the finished ones after a step), asks the runner's episode-start scheduler how each game
 starts (seed, options, a saved state to restore), and names the env call running now for a
-manager's watchdog (:attr:`LaneResets.current_call`).
+manager's watchdog (:attr:`LaneResets.current_call`). It returns the starts (lanes, first
+frames, lives, :class:`~expreplay.acting.starts.EpisodeStart` s) to the acting group, which
+hands them to its lanes (:class:`~expreplay.acting.lanes.LaneEpisodes`): the two are peers
+the group composes, neither knows the other.
 """
 
 from __future__ import annotations
@@ -14,19 +17,21 @@ from typing import Any
 import numpy as np
 
 from .envs import NO_LIVES, FrameFormat
-from .episodes import EpisodeStart
-from .lanes import LaneEpisodes
-from .member import GroupMember
+from .runner import EnvRunner
+from .starts import EpisodeStart
 from ..errors import EnvError
 
-__all__ = ['LaneResets', 'env_error']
+__all__ = ['LaneResets', 'Starts', 'env_error']
 
 # How episodes start when no scheduler decides: an unseeded reset, or the env's own autoreset.
 PLAIN_RESET = EpisodeStart()
 AUTORESET = EpisodeStart(kind='autoreset')
 
+# New episodes for the group's lanes: (lanes, first frames, lives, one EpisodeStart per lane).
+Starts = tuple[np.ndarray, np.ndarray, np.ndarray, list[EpisodeStart]]
 
-def env_error(runner: GroupMember, what: str, err: BaseException) -> EnvError:
+
+def env_error(runner: EnvRunner, what: str, err: BaseException) -> EnvError:
     """``err`` (raised by ``runner``'s env in ``what``) as an :class:`EnvError` naming the runner."""
     if isinstance(err, EnvError):
         err.runner = runner
@@ -39,19 +44,20 @@ def env_error(runner: GroupMember, what: str, err: BaseException) -> EnvError:
 
 
 class LaneResets:
-    """Resets of the runners ``runners`` whose lanes are ``runner_lanes`` in ``lanes``."""
+    """Resets of the runners ``runners`` whose lanes are ``runner_lanes``; frames in
+    ``frame_format``. A reset returns the :data:`Starts` it made (None: an asynchronous engine
+    reports its starts with its results)."""
 
-    def __init__(self, runners: Sequence[GroupMember], runner_lanes: Sequence[np.ndarray],
-                 lanes: LaneEpisodes, frame_format: FrameFormat) -> None:
+    def __init__(self, runners: Sequence[EnvRunner], runner_lanes: Sequence[np.ndarray],
+                 frame_format: FrameFormat) -> None:
         self.runners = list(runners)
         self.runner_lanes = list(runner_lanes)
-        self._lanes = lanes
         self._format = frame_format
         # (what, runner) of the env call running now through _env_call (a reset, a restore...),
         # else None: what a manager's watchdog names when the call hangs.
-        self.current_call: tuple[str, GroupMember] | None = None
+        self.current_call: tuple[str, EnvRunner] | None = None
 
-    def _env_call(self, runner: GroupMember, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def _env_call(self, runner: EnvRunner, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         self.current_call = (what, runner)
         try:
             return fn(*args)
@@ -60,23 +66,22 @@ class LaneResets:
         finally:
             self.current_call = None
 
-    def _plan(self, runner: GroupMember, env_index: int, lane: int) -> EpisodeStart:
-        """Ask the scheduler how to start sub-env ``env_index``'s next game."""
-        start = runner.episode_starts.start(runner.index, int(env_index),
-                                            self._lanes.episode_index(lane))
+    def _plan(self, runner: EnvRunner, env_index: int, episode_index: int) -> EpisodeStart:
+        """Ask the scheduler how to start sub-env ``env_index``'s game ``episode_index``."""
+        start = runner.episode_starts.start(runner.index, int(env_index), int(episode_index))
         if not isinstance(start, EpisodeStart):
             raise TypeError(f"episode_starts.start() must return an EpisodeStart, got {start!r}")
         return start
 
-    def reset_runner(self, k: int) -> None:
-        """Reset every sub-env of runner ``k`` (first step, after a failure or a restart)."""
+    def reset_runner(self, k: int, episode_indices: np.ndarray) -> Starts | None:
+        """Reset every sub-env of runner ``k`` (first step, after a failure or a restart);
+        ``episode_indices``: the index of each sub-env's next game."""
         runner = self.runners[k]
         lanes = self.runner_lanes[k]
-        self._lanes.close(lanes)
         adapter = runner.adapter
         n = runner.num_envs
         if runner.episode_starts is not None and not adapter.is_async:
-            starts = [self._plan(runner, i, int(lanes[i])) for i in range(n)]
+            starts = [self._plan(runner, i, episode_indices[i]) for i in range(n)]
             options = [s.options for s in starts]
             if any(o != options[0] for o in options[1:]):
                 raise ValueError(f"runner {runner.index}: a vector env resets all its sub-envs with one "
@@ -89,28 +94,30 @@ class LaneResets:
             # An int seed starts sub-env i with seed + i (gymnasium's vector convention).
             starts = [PLAIN_RESET if seed is None else EpisodeStart(seed + i) for i in range(n)]
         if res is None:                  # asynchronous: the starts arrive with recv()
-            return
+            return None
         frames = self._env_call(runner, 'reset', self._format.batch, res.obs, n)
         lives = res.lives if res.lives is not None else np.full(n, NO_LIVES)
         frames, lives = self._restore_where_planned(runner, starts, frames, lives)
-        self._lanes.start(lanes, frames, lives, starts)
+        return lanes, frames, lives, starts
 
-    def reset_finished(self, k: int) -> None:
-        """Start new games in runner ``k``'s sub-envs whose games ended (after a step)."""
+    def reset_finished(self, k: int, finished: np.ndarray, episode_indices: np.ndarray
+                       ) -> Starts | None:
+        """Start new games in runner ``k``'s sub-envs whose games ended (after a step):
+        ``finished[i]`` for sub-env ``i``, whose next game is ``episode_indices[i]``."""
         runner = self.runners[k]
         adapter = runner.adapter
         lanes = self.runner_lanes[k]
         planned = None
         if runner.episode_starts is not None and adapter.controls_resets:
-            planned = {int(i): self._plan(runner, int(i), int(lanes[i]))
-                       for i in np.flatnonzero(~self._lanes.open[lanes])}
+            planned = {int(i): self._plan(runner, int(i), episode_indices[i])
+                       for i in np.flatnonzero(finished)}
         if planned:
             plan = {i: (s.seed, s.options) for i, s in planned.items()}
             res = self._env_call(runner, 'reset', adapter.reset_finished, plan)
         else:
             res = self._env_call(runner, 'reset', adapter.reset_finished)
         if res is None:
-            return
+            return None
         frames = self._env_call(runner, 'reset', self._format.batch, res.obs, len(res.env_ids))
         lives = res.lives if res.lives is not None else np.full(len(res.env_ids), NO_LIVES)
         if planned:
@@ -120,9 +127,9 @@ class LaneResets:
                       ] * len(res.env_ids)
         frames, lives = self._restore_where_planned(runner, starts, frames, lives,
                                                     env_ids=res.env_ids)
-        self._lanes.start(lanes[res.env_ids], frames, lives, starts)
+        return lanes[res.env_ids], frames, lives, starts
 
-    def _restore_where_planned(self, runner: GroupMember, starts: list[EpisodeStart], frames: np.ndarray,
+    def _restore_where_planned(self, runner: EnvRunner, starts: list[EpisodeStart], frames: np.ndarray,
                                lives: np.ndarray, env_ids: np.ndarray | None = None
                                ) -> tuple[np.ndarray, np.ndarray]:
         """After the reset of a restart: restore the saved state, whose first frame is saved."""

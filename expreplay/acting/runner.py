@@ -1,12 +1,13 @@
 """EnvRunner: one environment stepped epsilon-greedily, every step written to a replay memory.
 
-:class:`EnvRunner` is one environment (a single env, or a vector env's sub-envs) with its
-configuration and its counters: what a user builds and hands to a manager. Like the actors of
-Acme or CleanRL, it knows nothing about how transitions are stored or batched: it is stepped by
-an :class:`~expreplay.acting.group.ActingGroup` (its own, or a manager's with other runners),
-which owns the stepping state (whether the env needs a reset, the steps stored) and which the
-runner only reads; the group sees the runner through
-:class:`~expreplay.acting.member.GroupMember`.
+:class:`EnvRunner` is what a user builds and hands to a manager: one environment (a single env,
+or a vector env's sub-envs), its configuration and its counters (games, starts, restarts).
+Like the actors of Acme or CleanRL, it knows nothing about how transitions are stored or
+batched. It is stepped by an :class:`~expreplay.acting.group.ActingGroup` (a group of its own
+for :meth:`EnvRunner.step`, or a manager's with other runners), which owns the stepping state
+(whether the env needs a reset, the steps stored): the group's owner seats the runner in it
+(:meth:`EnvRunner.seat`), and the runner reads that state from its seat. The group module
+imports this one, never the reverse.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_callable, check_int
-from .envs import EnvAdapter, adapt_env
-from .records import EpisodeRecord
-from .group import ActingGroup
+from .envs import adapt_env
 
 __all__ = ['EnvRunner', 'MAX_KEPT_GAMES']
 
@@ -85,6 +84,8 @@ class EnvRunner:
             :meth:`EnvRunnerManager.reset_stats` (at most the newest ``MAX_KEPT_GAMES`` kept).
         steps (int, read-only): environment steps taken and stored (all sub-environments),
             counted by the acting groups that stepped this runner.
+        group (read-only): the :class:`~expreplay.acting.group.ActingGroup` that steps this
+            runner (None before its first step or manager).
         restarts (int): how many times :meth:`restart` replaced or reset the env.
 
     A failed step (the env raised, or returned an observation the memory can not store) ends
@@ -98,7 +99,7 @@ class EnvRunner:
                  num_actions: int | None = None, life_loss_terminal: bool = False,
                  player_factory: Callable[[], Any] | None = None, close_player: bool = True,
                  episode_starts: Any = None,
-                 on_episode_end: Callable[[EpisodeRecord], Any] | None = None) -> None:
+                 on_episode_end: Callable[[Any], Any] | None = None) -> None:
         if not callable(getattr(memory, 'new_batch_writer', None)) or getattr(memory, 'state_shape', None) is None:
             raise TypeError(f"memory must be a ReplayMemory (with new_batch_writer() and state_shape), "
                             f"got {type(memory).__name__}")
@@ -141,7 +142,10 @@ class EnvRunner:
         self._closed = False
         self.num_envs = 0             # set with the player, by _attach
         self._attach(player, first=True)
-        self._group: ActingGroup | None = None       # the ActingGroup that steps this runner
+        # The seat: the ActingGroup that steps this runner and the runner's position in it
+        # (its owner seats the runner, see seat()); the group owns the stepping state there.
+        self._group: Any = None
+        self._position = 0
 
     def _attach(self, player: Any, first: bool = False) -> None:
         adapter = adapt_env(player)
@@ -158,8 +162,10 @@ class EnvRunner:
                             "with `unwrapped.ale` can)")
         self.player = player
         # The player behind the acting interface (expreplay.acting.envs); read on every step,
-        # hence an attribute, replaced only here.
-        self.adapter: EnvAdapter = adapter
+        # hence an attribute, replaced only here. Typed Any: besides EnvAdapter's interface it
+        # has the calls of its kind (step_one for a single env, recv / send when asynchronous),
+        # which the acting group makes according to is_vector / is_async.
+        self.adapter: Any = adapter
         self.num_envs = adapter.num_envs
         self.num_actions = int(n_act)
 
@@ -167,21 +173,22 @@ class EnvRunner:
         return f"EnvRunner(index={self.index}, player={type(self.player).__name__}, num_envs={self.num_envs})"
 
     @property
-    def group(self) -> ActingGroup | None:
-        """The acting group that steps this runner (None before its first step)."""
+    def group(self) -> Any:
+        """The :class:`~expreplay.acting.group.ActingGroup` that steps this runner (None before
+        its first step or manager)."""
         return self._group
 
     @property
     def steps(self) -> int:
         """Environment steps taken and stored (all sub-environments, every group)."""
         group = self._group
-        return self._steps_before + (group.steps_of(self) if group is not None else 0)
+        return self._steps_before + (group.steps_of(self._position) if group is not None else 0)
 
     @property
     def needs_reset(self) -> bool:
         """Whether the next step starts by resetting the env (its group says; True before the
         first step)."""
-        return self._group is None or self._group.needs_reset(self)
+        return self._group is None or self._group.needs_reset(self._position)
 
     @property
     def rng(self) -> np.random.Generator:
@@ -209,25 +216,18 @@ class EnvRunner:
         return self._seed + self.index * self.num_envs
 
     # ------------------------------------------------------------------ acting
-    def join_group(self, group: ActingGroup) -> None:
-        """``group`` steps this runner from now on; its episodes in the group that stepped it
-        before end where they are, and its next step resets the env."""
-        old = self._group
+    def seat(self, group: Any, position: int) -> None:
+        """From now on ``group`` (an :class:`~expreplay.acting.group.ActingGroup` whose
+        ``runners[position]`` is this runner) steps this runner: called by the group's owner
+        once it built the group. The runner's episodes in the group that stepped it before end
+        where they are, and its next step resets the env."""
+        if group.runners[position] is not self:
+            raise ValueError(f"{self!r} is not runners[{position}] of {group!r}")
+        old, old_position = self._group, self._position
         if old is not None and old is not group:
-            self._steps_before += old.steps_of(self)
-            old.release(self)
-        self._group = group       # a new group resets the runner's env at its first step
-
-    def _own_group(self) -> ActingGroup:
-        if self._closed:
-            raise RuntimeError(f"{self!r} is closed")
-        if self._group is None:
-            ActingGroup([self])     # joins it
-        elif len(self._group.runners) > 1:
-            raise RuntimeError(f"{self!r} is stepped by an EnvRunnerManager with other runners; "
-                               "step the manager")
-        assert self._group is not None
-        return self._group
+            self._steps_before += old.steps_of(old_position)
+            old.release(old_position)
+        self._group, self._position = group, position
 
     def step(self, exploration: float) -> None:
         """Take one epsilon-greedy step in every sub-environment and store it.
@@ -235,8 +235,23 @@ class EnvRunner:
         With probability ``exploration`` a sub-env takes a uniformly random action, else the
         argmax of the predictor's Q-values. Raises :class:`EnvError` / :class:`PredictorError`
         (chained to the original) when the env / predictor fails.
+
+        A runner stepped on its own is a group of one, built at its first step; a runner a
+        manager steps with other runners refuses (step the manager).
         """
-        self._own_group().step(exploration)
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        group = self._group
+        if group is None:
+            # The group module is above this one (it steps runners): imported when a runner is
+            # first stepped on its own, not when this module is.
+            from .group import ActingGroup
+            group = ActingGroup([self])
+            self.seat(group, 0)
+        elif len(group.runners) > 1:
+            raise RuntimeError(f"{self!r} is stepped by an EnvRunnerManager with other runners; "
+                               "step the manager")
+        group.step(exploration)
 
     # ------------------------------------------------------------------ counters
     def record_game(self, score: float, length: int) -> None:
@@ -280,7 +295,7 @@ class EnvRunner:
             self._attach(self._player_factory())
         if self._group is not None:
             self._group.abort()
-            self._group.request_reset(self)
+            self._group.request_reset(self._position)
         self.restarts += 1
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """A manager's simulator thread: its acting groups stepped on the requests of the window.
 
-A :class:`SimulatorThread` owns one or two :class:`~expreplay.acting.group.ActingGroup` s. With
+A :class:`SimulatorThread` steps one or two :class:`~expreplay.acting.group.ActingGroup` s, which
+the manager built and hands it (this module knows them by what it calls). With
 two (a *pipelined* thread) it begins one group's step and submits its states to the inference
 thread, and while that forward pass runs finishes the other group's step. Every request it
 takes is booked finished in the window with the steps it stored, also when the step failed.
@@ -18,12 +19,10 @@ from typing import Any
 import numpy as np
 
 from .faults import Activity, Faults
-from .group import ActingGroup
-from .runner import EnvRunner
 from ..errors import ManagerClosed
 from .window import InsertedSteps, Request, StalenessWindow
 
-__all__ = ['SimulatorThread', 'close_group', 'plan_groups']
+__all__ = ['SimulatorThread', 'close_group']
 
 logger = logging.getLogger(__name__)
 
@@ -36,39 +35,6 @@ def close_group(group: Any) -> None:
             r.close()
         except Exception as err:
             logger.warning("closing runner %d raised %r", r.index, err)
-
-
-def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
-    """The acting groups of each simulator thread: ``simulator_threads`` as
-    :class:`~expreplay.acting.manager.EnvRunnerManager` documents it."""
-    n = len(runners)
-    if simulator_threads is None:
-        singles = [r for r in runners if not r.is_vector]
-        others = [[r] for r in runners if r.is_vector]
-        owned = ([singles] if len(singles) > 1 else [[r] for r in singles]) + others
-    else:
-        owned = [list(runners[j::simulator_threads]) for j in range(simulator_threads)]
-    plan = []
-    for rs in owned:
-        groups: list[ActingGroup] = []
-        # Vector and asynchronous runners are groups of their own; single envs that can
-        # share a predictor call form two halves, pipelined.
-        for r in rs:
-            if r.is_vector:
-                groups.append(ActingGroup([r]))
-        singles = [r for r in rs if not r.is_vector]
-        by_key: dict[tuple[int, int, int], list[EnvRunner]] = collections.defaultdict(list)
-        for r in singles:
-            by_key[(id(r.predictor), id(r.memory), r.num_actions)].append(r)
-        for members in by_key.values():
-            if len(members) == 1 or simulator_threads == n:
-                groups.extend(ActingGroup([r]) for r in members)
-            else:
-                half = (len(members) + 1) // 2
-                groups += [ActingGroup(members[:half]), ActingGroup(members[half:])]
-        plan.append(groups)
-    assert sum(len(g.runners) for gs in plan for g in gs) == n
-    return plan
 
 
 class _GroupSlot:

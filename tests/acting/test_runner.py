@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
-from expreplay.acting import EnvError, EnvRunner, EnvRunnerManager, PredictorError
+from expreplay.acting import ActingGroup, EnvError, EnvRunner, EnvRunnerManager, PredictorError
 from acting_helpers import (GUARD, H, RecordingMemory, StepPredictor, assert_all_stored, assert_scores,
                             greedy_ok, sample_and_check, step_until_raises)
 from acting_helpers import kernels, no_thread_left_behind  # noqa: F401 (fixtures)
@@ -305,6 +305,26 @@ def test_a_runner_stepped_alone_then_managed_starts_new_episodes_and_frees_its_o
     assert envs[0].resets == 2            # a new episode in the manager's group
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs)
+
+
+def test_a_group_changes_no_runner_until_its_owner_seats_them_there():
+    env = ScriptedEnv(0, episode_lengths=1000)
+    mem = ReplayMemory(200, (6,), H, block_size=8)
+    runner = EnvRunner(env, StepPredictor(), mem, H)
+    for _ in range(3):
+        runner.step(1.0)                  # a group of one, built by the runner's first step
+    solo = runner.group
+    group = ActingGroup([runner])
+    assert runner.group is solo and runner.steps == 3 and not runner.needs_reset
+    other = EnvRunner(ScriptedEnv(1, episode_lengths=1000), StepPredictor(), mem, H, index=1)
+    with pytest.raises(ValueError, match='not runners'):
+        other.seat(group, 0)              # a seat is the runner's own place in the group
+    runner.seat(group, 0)                 # what the group's owner (a manager) does
+    assert runner.group is group and runner.needs_reset and runner.steps == 3
+    group.step(1.0)
+    assert runner.steps == 4 == mem.num_steps_written and env.resets == 2
+    with pytest.raises(RuntimeError, match='closed'):
+        solo.step(1.0)                    # left with no runner, it let its memory lane go
 
 
 def test_a_memory_with_extra_fields_is_refused_by_a_runner_naming_them():

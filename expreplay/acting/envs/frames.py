@@ -84,7 +84,7 @@ class FrameHistory:
         self._ring = np.arange(1, h + 1)
         self._rows = np.zeros((num_lanes, h), np.intp)             # states()' scratch
         # The kernels, chosen once, here (expreplay._kernels): the acting kernel (its rows,
-        # and the acting group's push_steps on these buffers) and the gather kernel states()
+        # and push_steps on these buffers) and the gather kernel states()
         # gives gather_history. Switched under a live history, the group's bound kernel and
         # this history's own calls would take different paths over the same buffers.
         self._ext = _kernels.get('_acting_ext')
@@ -108,11 +108,23 @@ class FrameHistory:
         self._pos[lanes] = pos
         self._frames[self._base[lanes] + pos] = frames
 
-    def buffers(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(frames, pos, base)``: the arrays the history lives in, for a kernel that pushes
-        frames in place (the acting kernel's ``push_steps``), which must keep the invariant above:
-        lane ``i``'s newest frame is row ``base[i] + pos[i]`` of ``frames``."""
-        return self._frames, self._pos, self._base
+    def push_steps(self, lanes: np.ndarray, frames: np.ndarray, rewards: np.ndarray,
+                   lives: np.ndarray, scores: np.ndarray, lengths: np.ndarray,
+                   lives_now: np.ndarray) -> bool:
+        """The common step of the acting kernel (:attr:`kernel`, not None): push ``frames[j]``
+        into the history of ``lanes[j]`` (as :meth:`push`) and, in the same C call, book the
+        step in the episode counters its caller hands in (``scores[lane] += reward``,
+        ``lengths[lane] += 1``, ``lives_now[lane] = lives`` where lives are reported: the
+        lanes' arrays, :class:`~expreplay.acting.lanes.LaneEpisodes`).
+
+        One C call does both because that is the kernel's signature (splitting it would need a
+        change to the C code); the history's arrays are written here, by the history's own
+        method, and the counters only as handed in. False, nothing changed, when the kernel
+        does not take one of the arrays: the caller then does both in numpy (:meth:`push`)."""
+        ext = self._ext
+        assert ext is not None, "push_steps is the acting kernel's (see kernel)"
+        return not ext.push_steps(lanes, frames, rewards, lives, self._frames, self._pos,
+                                  self._base, self.history_len, scores, lengths, lives_now)
 
     @property
     def kernel(self) -> Any:

@@ -1,0 +1,53 @@
+"""The acting layer's shape: which of its modules import which (read statically, as
+tests/test_layout.py reads the package: module-level and ``TYPE_CHECKING`` imports).
+
+A module's floor is one above the highest floor of the acting modules it imports. The runner is
+on the first floor (the group imports it, never the reverse), the group's parts are peers (none
+imports another), and the population, at the top, is five floors up.
+"""
+
+import ast
+import os
+
+ACTING = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                      'expreplay', 'acting')
+MODULES = sorted(f[:-3] for f in os.listdir(ACTING) if f.endswith('.py') and f != '__init__.py')
+
+
+def _imports(module):
+    """The acting modules ``module`` imports when it is imported."""
+    with open(os.path.join(ACTING, module + '.py')) as f:
+        body = ast.parse(f.read()).body
+    found = set()
+    for node in body:
+        stmts = [node]
+        if isinstance(node, ast.If) and 'TYPE_CHECKING' in ast.unparse(node.test):
+            stmts = node.body
+        for stmt in stmts:
+            if isinstance(stmt, ast.ImportFrom) and stmt.level == 1:
+                if stmt.module:
+                    found.add(stmt.module.split('.')[0])
+                else:
+                    found.update(alias.name for alias in stmt.names)
+    return found & set(MODULES)
+
+
+IMPORTS = {m: _imports(m) for m in MODULES}
+
+
+def _floor(module):
+    return 1 + max((_floor(m) for m in IMPORTS[module]), default=0)
+
+
+def test_the_group_imports_the_runner_and_its_parts_are_peers():
+    assert 'runner' in IMPORTS['group'] and not IMPORTS['runner']
+    parts = {'lanes', 'resets', 'policy'}
+    assert parts <= IMPORTS['group']
+    assert all(not (IMPORTS[p] & parts) for p in parts)
+    assert not IMPORTS['simulator'] & {'group', 'runner'}     # it steps the groups it is handed
+
+
+def test_the_acting_layer_stands_on_five_floors():
+    floors = {m: _floor(m) for m in MODULES}
+    assert floors['population'] == max(floors.values()) == 5
+    assert floors['group'] == 3 and floors['manager'] == 4
