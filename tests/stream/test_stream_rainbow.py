@@ -71,7 +71,8 @@ def test_prioritized_stream_with_a_beta_schedule_and_priority_feedback(prefetch,
             check_nstep_batch(batch, factory.envs, 2, 0.95)
             assert np.all((batch.weights > 0) & (batch.weights <= 1 + 1e-6))
             stream.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
-        stats = stream.stats()
+    # Read once the stream is closed: the prefetch thread draws ahead until it is joined.
+    stats = stream.stats()
     # beta(k) is asked once per batch drawn, in order (the prefetch thread draws ahead).
     assert seen == list(range(stats.batches_drawn))
     assert 80 <= stats.batches_drawn <= 80 + prefetch
