@@ -102,6 +102,16 @@ class ActingGroup:
         self.calls = 0                     # predictor calls made by step() (inline)
         self.rows = 0
 
+    @classmethod
+    def seated(cls, runners: Iterable[EnvRunner]) -> ActingGroup:
+        """A group of ``runners`` with each runner seated in it (:meth:`EnvRunner.seat
+        <expreplay.acting.runner.EnvRunner.seat>`): how the group's owner (a manager, or a
+        runner stepped on its own) builds one."""
+        group = cls(runners)
+        for position, runner in enumerate(group.runners):
+            runner.seat(group, position)
+        return group
+
     @property
     def current_call(self) -> tuple[str, Any] | None:
         """``(what, runner)`` of the env call the group named running now (a reset, a restore...),

@@ -34,15 +34,6 @@ from .window import InsertedSteps, StalenessWindow
 __all__ = ['EnvRunnerManager']
 
 
-def seated_group(runners: Sequence[EnvRunner]) -> ActingGroup:
-    """An acting group of ``runners``, each seated in it (:meth:`EnvRunner.seat`): the manager
-    owns the groups it builds."""
-    group = ActingGroup(runners)
-    for position, runner in enumerate(group.runners):
-        runner.seat(group, position)
-    return group
-
-
 def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
     """The acting groups of each simulator thread, their runners seated in them:
     ``simulator_threads`` as :class:`EnvRunnerManager` documents it."""
@@ -60,17 +51,17 @@ def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> 
         # share a predictor call form two halves, pipelined.
         for r in rs:
             if r.is_vector:
-                groups.append(seated_group([r]))
+                groups.append(ActingGroup.seated([r]))
         singles = [r for r in rs if not r.is_vector]
         by_key: dict[tuple[int, int, int], list[EnvRunner]] = collections.defaultdict(list)
         for r in singles:
             by_key[(id(r.predictor), id(r.memory), r.num_actions)].append(r)
         for members in by_key.values():
             if len(members) == 1 or simulator_threads == n:
-                groups.extend(seated_group([r]) for r in members)
+                groups.extend(ActingGroup.seated([r]) for r in members)
             else:
                 half = (len(members) + 1) // 2
-                groups += [seated_group(members[:half]), seated_group(members[half:])]
+                groups += [ActingGroup.seated(members[:half]), ActingGroup.seated(members[half:])]
         plan.append(groups)
     assert sum(len(g.runners) for gs in plan for g in gs) == n
     return plan
@@ -183,7 +174,7 @@ class EnvRunnerManager:
         self._inline: ActingGroup | None = None
         if n == 1:
             runner = self._runners[0]
-            self._inline = runner.group if runner.group is not None else seated_group([runner])
+            self._inline = runner.group if runner.group is not None else ActingGroup.seated([runner])
             self._inline_steps = InsertedSteps(self._inline)
             self._groups = [self._inline]
             self.pipelined = False

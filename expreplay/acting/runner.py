@@ -246,8 +246,7 @@ class EnvRunner:
             # The group module is above this one (it steps runners): imported when a runner is
             # first stepped on its own, not when this module is.
             from .group import ActingGroup
-            group = ActingGroup([self])
-            self.seat(group, 0)
+            group = ActingGroup.seated([self])
         elif len(group.runners) > 1:
             raise RuntimeError(f"{self!r} is stepped by an EnvRunnerManager with other runners; "
                                "step the manager")
