@@ -4,10 +4,10 @@ The layer itself lives in modules with one job each:
 
 * :mod:`expreplay.acting.runner`: :class:`EnvRunner` (one environment and its counters);
 * :mod:`expreplay.acting.group`: :class:`ActingGroup` (the one acting path: several runners'
-  sub-envs stepped as one batch, and their stepping state), composing three peers:
-  :mod:`~expreplay.acting.policy` (the epsilon-greedy draws and Q-values),
-  :mod:`~expreplay.acting.lanes` (episodes and the memory writes) and
-  :mod:`~expreplay.acting.resets` (resets and scheduled starts);
+  sub-envs stepped as one batch, their stepping state, and the env calls that start episodes),
+  composing two parts that know no runner: :mod:`~expreplay.acting.policy` (the
+  epsilon-greedy draws and Q-values) and :mod:`~expreplay.acting.lanes` (episodes and the
+  memory writes);
 * :mod:`expreplay.acting.inference`: :class:`InferenceThread` (the predictor in a thread of its own,
   merging the submissions of several simulator threads);
 * :mod:`expreplay.acting.manager`: :class:`EnvRunnerManager` (which plans and builds the

@@ -13,33 +13,44 @@ that a manager can put the forward pass of one group between the halves of anoth
 ``begin`` receives the ready sub-envs' results and stores them, and ``finish`` sends their next
 actions: the engine steps the other sub-envs meanwhile.
 
-The group drives the env calls; the objects it is made of do the rest, one job each:
-:class:`~expreplay.acting.policy.EpsilonGreedy` (the draws and the Q-values),
-:class:`~expreplay.acting.lanes.LaneEpisodes` (episodes and the memory writes, the only part
-that knows how steps are stored) and :class:`~expreplay.acting.resets.LaneResets` (resets and
-scheduled starts).
+The group drives the env calls and tells each runner what happened to its envs (games ended
+and started, episode records, the steps a scheduler observes); the objects it is made of do the
+rest, one job each: :class:`~expreplay.acting.policy.EpsilonGreedy` (the draws and the
+Q-values), :class:`~expreplay.acting.lanes.LaneEpisodes` (episodes and the memory writes, the
+only part that knows how steps are stored; it knows lanes, not runners) and
+:class:`LaneResets` (the env calls that start episodes: resets, scheduled starts, restored
+states).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .envs import NO_LIVES, FrameFormat, Results
-from .lanes import LaneEpisodes
+from .envs.singles import SingleEnvSteps
+from .lanes import EndedGame, LaneEpisodes
 from .policy import EpsilonGreedy, as_q_values, check_q_values, explorations
-from .resets import AUTORESET, LaneResets, env_error
+from .records import make_record
 from .runner import EnvRunner
+from .starts import EpisodeStart, RestartPoint
 from ..errors import EnvError, PredictorError
 # The memory's rules for rewards and frames, on a whole step at once.
-from ..storage._inputs import check_rewards, unstorable_frames, unstorable_rewards
+from ..storage._inputs import check_rewards, unstorable_rewards
 
 __all__ = ['ActingGroup', 'check_q_values', 'as_q_values']
 
 # What finish() returns: the runners whose env failed, with the error.
 Failures = list[tuple[EnvRunner, EnvError]]
+
+# How episodes start when no scheduler decides: an unseeded reset, or the env's own autoreset.
+PLAIN_RESET = EpisodeStart()
+AUTORESET = EpisodeStart(kind='autoreset')
+
+# New episodes for the group's lanes: (lanes, first frames, lives, one EpisodeStart per lane).
+Starts = tuple[np.ndarray, np.ndarray, np.ndarray, list[EpisodeStart]]
 
 
 class ActingGroup:
@@ -92,10 +103,19 @@ class ActingGroup:
         # The policy, the lanes' frame history and batch writer take their C kernels as they
         # are built here, once (expreplay._kernels): the group keeps the path it was built with.
         self._policy = EpsilonGreedy([r.rng for r in runners], self.runner_lanes, self.num_actions)
-        self._lanes = LaneEpisodes(runners, self.memory, self._format.state_shape,
-                                   self._format.dtype, self._env_state)
+        # Lane -> (its runner's position, its sub-env's index in that runner).
+        self._lane_runner = np.repeat(np.arange(len(runners)), sizes)
+        self._lane_env = np.concatenate([np.arange(s) for s in sizes])
+        self._lanes = LaneEpisodes(np.repeat([r.life_loss_terminal for r in runners], sizes),
+                                   self.memory, self._format.state_shape, self._format.dtype)
         self._resets = LaneResets(runners, self.runner_lanes, self._format)
-        self._singles = _SingleSteps(runners, self._format) if self.singles else None
+        # The episode-start schedulers that observe steps (restart pools), by runner position,
+        # and the snapshot each lane hands them.
+        observers = [(k, getattr(r.episode_starts, 'observe_step', None))
+                     for k, r in enumerate(runners)]
+        self._observers = {k: f for k, f in observers if f is not None}
+        self._snapshots = [_Snapshot(self, lane) for lane in range(self.num_lanes)]
+        self._singles = SingleEnvSteps(len(runners), self._format) if self.singles else None
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._closed = False
         self._released: set[int] = set()   # runners that moved to another group
@@ -136,8 +156,14 @@ class ActingGroup:
         """The steps ``runners[position]`` took and stored in this group."""
         return self._steps[position]
 
-    def _env_state(self, k: int, env_index: int, include_rng: bool) -> Any:
-        return self._resets.env_state(k, env_index, include_rng)
+    def restart_point(self, lane: int, include_rng: bool = False) -> RestartPoint:
+        """A :class:`~expreplay.acting.starts.RestartPoint` of ``lane`` now (between steps)."""
+        k, env_index = int(self._lane_runner[lane]), int(self._lane_env[lane])
+        state = self._resets.env_state(k, env_index, include_rng)
+        at = self._lanes.position(lane)
+        return RestartPoint(state, at.frame, at.lives, at.last_action,
+                            {'runner': self.runners[k].index, 'env_index': env_index,
+                             'episode': at.game, 'step': at.step})
 
     # ------------------------------------------------------------------ a step
     def step(self, exploration: float | Sequence[float], members: Sequence[int] | None = None) -> int:
@@ -219,8 +245,8 @@ class ActingGroup:
                 self._step_vector(k, actions[offset:offset + size], failures)
                 offset += size
         # Every step is stored: now the callbacks may run (and even raise) without losing one.
-        if self._lanes.has_records:
-            self._lanes.emit_records()
+        if self._lanes.has_ended:
+            self._end_games()
         # Only now reset finished envs: a reset failure must not lose a step already taken.
         is_open = self._lanes.open
         if np.count_nonzero(is_open[lanes]) == len(lanes):
@@ -255,7 +281,7 @@ class ActingGroup:
         self._lanes.close(lanes)
         starts = self._resets.reset_runner(k, self._lanes.episode_indices(lanes))
         if starts is not None:
-            self._lanes.start(*starts)
+            self._start(*starts)
 
     def _reset_finished(self, k: int) -> None:
         """Start new games in runner ``k``'s sub-envs whose games ended."""
@@ -263,7 +289,49 @@ class ActingGroup:
         starts = self._resets.reset_finished(k, ~self._lanes.open[lanes],
                                              self._lanes.episode_indices(lanes))
         if starts is not None:
-            self._lanes.start(*starts)
+            self._start(*starts)
+
+    def _start(self, lanes: np.ndarray, frames: np.ndarray, lives: np.ndarray,
+               starts: list[EpisodeStart]) -> None:
+        """New episodes in ``lanes`` (one :class:`EpisodeStart` each), counted by their runners."""
+        self._lanes.start(lanes, frames, lives, starts)
+        for lane, start in zip(lanes.tolist(), starts):
+            self.runners[self._lane_runner[lane]].count_start(start.kind)
+
+    # ------------------------------------------------------------------ what runners are told
+    def _stored(self, lanes: np.ndarray, actions: np.ndarray) -> None:
+        """``lanes`` stored a step taken with ``actions``: tell the schedulers that observe
+        steps (restart pools) where each lane still in its game is now."""
+        self._lanes.note_actions(lanes, actions)
+        observers = self._observers
+        for lane in lanes[self._lanes.open[lanes]].tolist():
+            k = self._lane_runner[lane]
+            f = observers.get(k)
+            if f is not None:
+                f(self.runners[k].index, int(self._lane_env[lane]),
+                  self._lanes.game_length(lane), self._snapshots[lane])
+
+    def _end_games(self) -> None:
+        """Tell the runners of the games that ended: their counters first (no user code), then
+        the records to the schedulers and the runners' ``on_episode_end``."""
+        ended = self._lanes.take_ended()
+        for game in ended:
+            self.runners[self._lane_runner[game.lane]].record_game(game.score, game.length)
+        for game in ended:
+            runner = self.runners[self._lane_runner[game.lane]]
+            record = self._record(runner, game)
+            end = getattr(runner.episode_starts, 'episode_end', None)
+            if end is not None:
+                end(record)
+            if runner.on_episode_end is not None:
+                runner.on_episode_end(record)
+
+    def _record(self, runner: EnvRunner, game: EndedGame) -> Any:
+        start = game.start
+        return make_record(runner.index, self._lane_env[game.lane], game.game, start.seed,
+                           start.kind, game.score, game.length, game.terminated, game.truncated,
+                           game.life_losses, game.started_at, options=start.options,
+                           restored_from=None if start.restore is None else start.restore.origin)
 
     # ------------------------------------------------------------------ env calls
     def _step_singles(self, members: np.ndarray, actions: np.ndarray, failures: Failures) -> bool:
@@ -271,11 +339,14 @@ class ActingGroup:
         common case (no failure, no episode end), so that nothing else is due."""
         assert self._singles is not None
         steps = self._singles
-        if steps.step(members, actions) and self._lanes.store_fast(members, actions, *steps.rows):
+        adapters = [self.runners[k].adapter for k in members.tolist()]
+        if steps.step(adapters, actions) and self._lanes.store_fast(members, actions, *steps.rows):
             for k in members.tolist():
                 self._steps[k] += 1
             self.inserted += len(members)
-            return not self._lanes.has_records
+            if self._observers:
+                self._stored(members, actions)
+            return not self._lanes.has_ended
         steps.check_batch()
         ok = np.ones(len(members), bool)
         for j, err in steps.failed:
@@ -292,6 +363,8 @@ class ActingGroup:
         frames, rewards, term, trunc, lives = steps.rows
         self._lanes.store(stepped, actions[rows], frames[rows], rewards[rows], term[rows],
                           trunc[rows], lives[rows])
+        if self._observers:
+            self._stored(stepped, actions[rows])
         return False
 
     def _step_vector(self, k: int, actions: np.ndarray, failures: Failures) -> None:
@@ -317,8 +390,8 @@ class ActingGroup:
             self._lanes.close(self.runner_lanes[0])
             raise env_error(runner, 'recv', err) from err
         self._store_results(0, res, frames, self._lanes.last_actions(res.env_ids))
-        if self._lanes.has_records:
-            self._lanes.emit_records()
+        if self._lanes.has_ended:
+            self._end_games()
         return res.env_ids
 
     def _send(self, lanes: np.ndarray, actions: np.ndarray) -> Failures:
@@ -338,7 +411,8 @@ class ActingGroup:
         lives = res.lives if res.lives is not None else np.full(len(lanes), NO_LIVES)
         started = res.started
         if started is not None:
-            self._lanes.start(lanes[started], frames[started], lives[started], AUTORESET)
+            self._start(lanes[started], frames[started], lives[started],
+                        [AUTORESET] * int(np.count_nonzero(started)))
             keep = ~started
             lanes, frames, actions, lives = lanes[keep], frames[keep], actions[keep], lives[keep]
             reward, term, trunc = res.reward[keep], res.terminated[keep], res.truncated[keep]
@@ -352,9 +426,12 @@ class ActingGroup:
         self.inserted += len(lanes)
         # The common step first, the general path when it declines (a frame fewer per step
         # than going through store(), which the history's push_steps spends).
-        if len(lanes) and not self._lanes.store_fast(lanes, actions, frames, reward, term, trunc,
-                                                     lives):
+        if not len(lanes):
+            return
+        if not self._lanes.store_fast(lanes, actions, frames, reward, term, trunc, lives):
             self._lanes.store(lanes, actions, frames, reward, term, trunc, lives)
+        if self._observers:
+            self._stored(lanes, actions)
 
     def _fail(self, k: int, err: EnvError, failures: Failures) -> None:
         """Runner ``k`` failed: its episodes end here, its next step resets its env."""
@@ -378,69 +455,146 @@ class ActingGroup:
             self._lanes.detach()
 
 
+def env_error(runner: EnvRunner, what: str, err: BaseException) -> EnvError:
+    """``err`` (raised by ``runner``'s env in ``what``) as an :class:`EnvError` naming the runner."""
+    if isinstance(err, EnvError):
+        err.runner = runner
+        return err
+    out = EnvError(f"player {type(runner.player).__name__} of runner {runner.index} raised "
+                   f"in {what}: {err!r}")
+    out.__cause__ = err
+    out.runner = runner
+    return out
+
+
+class LaneResets:
+    """Resets of the runners ``runners`` whose lanes are ``runner_lanes``; frames in
+    ``frame_format``. A reset returns the :data:`Starts` it made (None: an asynchronous engine
+    reports its starts with its results)."""
+
+    def __init__(self, runners: Sequence[EnvRunner], runner_lanes: Sequence[np.ndarray],
+                 frame_format: FrameFormat) -> None:
+        self.runners = list(runners)
+        self.runner_lanes = list(runner_lanes)
+        self._format = frame_format
+        # (what, runner) of the env call running now through _env_call (a reset, a restore...),
+        # else None: what a manager's watchdog names when the call hangs.
+        self.current_call: tuple[str, EnvRunner] | None = None
+
+    def _env_call(self, runner: EnvRunner, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        self.current_call = (what, runner)
+        try:
+            return fn(*args)
+        except Exception as err:
+            raise env_error(runner, what, err) from err
+        finally:
+            self.current_call = None
+
+    def _plan(self, runner: EnvRunner, env_index: int, episode_index: int) -> EpisodeStart:
+        """Ask the scheduler how to start sub-env ``env_index``'s game ``episode_index``."""
+        start = runner.episode_starts.start(runner.index, int(env_index), int(episode_index))
+        if not isinstance(start, EpisodeStart):
+            raise TypeError(f"episode_starts.start() must return an EpisodeStart, got {start!r}")
+        return start
+
+    def reset_runner(self, k: int, episode_indices: np.ndarray) -> Starts | None:
+        """Reset every sub-env of runner ``k`` (first step, after a failure or a restart);
+        ``episode_indices``: the index of each sub-env's next game."""
+        runner = self.runners[k]
+        lanes = self.runner_lanes[k]
+        adapter = runner.adapter
+        n = runner.num_envs
+        if runner.episode_starts is not None and not adapter.is_async:
+            starts = [self._plan(runner, i, episode_indices[i]) for i in range(n)]
+            options = [s.options for s in starts]
+            if any(o != options[0] for o in options[1:]):
+                raise ValueError(f"runner {runner.index}: a vector env resets all its sub-envs with one "
+                                 f"options dict; the scheduler gave {options}")
+            seeds = starts[0].seed if n == 1 else [s.seed for s in starts]
+            res = self._env_call(runner, 'reset', adapter.reset, seeds, options[0])
+        else:
+            seed = runner.take_first_seed()
+            res = self._env_call(runner, 'reset', adapter.reset, seed)
+            # An int seed starts sub-env i with seed + i (gymnasium's vector convention).
+            starts = [PLAIN_RESET if seed is None else EpisodeStart(seed + i) for i in range(n)]
+        if res is None:                  # asynchronous: the starts arrive with recv()
+            return None
+        frames = self._env_call(runner, 'reset', self._format.batch, res.obs, n)
+        lives = res.lives if res.lives is not None else np.full(n, NO_LIVES)
+        frames, lives = self._restore_where_planned(runner, starts, frames, lives)
+        return lanes, frames, lives, starts
+
+    def reset_finished(self, k: int, finished: np.ndarray, episode_indices: np.ndarray
+                       ) -> Starts | None:
+        """Start new games in runner ``k``'s sub-envs whose games ended (after a step):
+        ``finished[i]`` for sub-env ``i``, whose next game is ``episode_indices[i]``."""
+        runner = self.runners[k]
+        adapter = runner.adapter
+        lanes = self.runner_lanes[k]
+        planned = None
+        if runner.episode_starts is not None and adapter.controls_resets:
+            planned = {int(i): self._plan(runner, int(i), episode_indices[i])
+                       for i in np.flatnonzero(finished)}
+        if planned:
+            plan = {i: (s.seed, s.options) for i, s in planned.items()}
+            res = self._env_call(runner, 'reset', adapter.reset_finished, plan)
+        else:
+            res = self._env_call(runner, 'reset', adapter.reset_finished)
+        if res is None:
+            return None
+        frames = self._env_call(runner, 'reset', self._format.batch, res.obs, len(res.env_ids))
+        lives = res.lives if res.lives is not None else np.full(len(res.env_ids), NO_LIVES)
+        if planned:
+            starts = [planned[int(i)] for i in res.env_ids]
+        else:
+            starts = [PLAIN_RESET if adapter.controls_resets or not runner.is_vector else AUTORESET
+                      ] * len(res.env_ids)
+        frames, lives = self._restore_where_planned(runner, starts, frames, lives,
+                                                    env_ids=res.env_ids)
+        return lanes[res.env_ids], frames, lives, starts
+
+    def _restore_where_planned(self, runner: EnvRunner, starts: list[EpisodeStart], frames: np.ndarray,
+                               lives: np.ndarray, env_ids: np.ndarray | None = None
+                               ) -> tuple[np.ndarray, np.ndarray]:
+        """After the reset of a restart: restore the saved state, whose first frame is saved."""
+        if not any(s.restore is not None for s in starts):
+            return frames, lives
+        frames, lives = frames.copy(), lives.copy()
+        for j, s in enumerate(starts):
+            point = s.restore
+            if point is None:
+                continue
+            i = j if env_ids is None else int(env_ids[j])
+            self._env_call(runner, 'restore', runner.adapter.restore_state, i, point.state,
+                           point.action)
+            # ALE keeps its pre-restore screen until the next act(): the frame saved with the
+            # state is what the observation pipeline produced for it.
+            frames[j] = point.frame
+            lives[j] = NO_LIVES if point.lives is None else point.lives
+        return frames, lives
+
+    def env_state(self, runner_index: int, env_index: int, include_rng: bool = False) -> Any:
+        """The emulator state of sub-env ``env_index`` of ``runners[runner_index]``, now."""
+        runner = self.runners[runner_index]
+        return self._env_call(runner, 'clone_state', runner.adapter.clone_state, env_index,
+                              include_rng)
+
+
+class _Snapshot:
+    """What an observing scheduler calls (``snapshot(include_rng=False)``) to take a restart
+    point of one lane, now, between steps."""
+    __slots__ = ('_group', '_lane')
+
+    def __init__(self, group: ActingGroup, lane: int) -> None:
+        self._group, self._lane = group, lane
+
+    def __call__(self, include_rng: bool = False) -> RestartPoint:
+        return self._group.restart_point(self._lane, include_rng)
+
+
 def _check_rewards(rewards: Any) -> None:
     """The memory's rule for a vector step's rewards (:func:`check_rewards`), its common case
     (the adapters' float64 rows, all storable) without building the float32 copy."""
     if type(rewards) is not np.ndarray or rewards.dtype.kind != 'f' \
             or unstorable_rewards(rewards) is not None:
         check_rewards(rewards, 'player rewards')
-
-
-class _SingleSteps:
-    """The env calls of a step of single-env runners, their results gathered into reused
-    buffers (one row per member), and the memory's rules checked on the whole batch."""
-
-    def __init__(self, runners: Sequence[EnvRunner], frame_format: FrameFormat) -> None:
-        self._runners = list(runners)
-        self._format = frame_format
-        m = len(self._runners)
-        self._obs = np.zeros((m,) + frame_format.state_shape, frame_format.dtype)
-        self._reward = np.zeros(m, np.float64)
-        self._term = np.zeros(m, bool)
-        self._trunc = np.zeros(m, bool)
-        self._lives = np.zeros(m, np.int64)
-        self._all_rows = (self._obs, self._reward, self._term, self._trunc, self._lives)
-        # (frames, rewards, terminated, truncated, lives) of this step's members (sliced only
-        # when some runners did not step), set by step().
-        self.rows: tuple[np.ndarray, ...] = self._all_rows
-        self.m = 0
-        self.failed: list[tuple[int, BaseException]] = []
-        self.runners: list[EnvRunner] = []
-
-    def step(self, members: np.ndarray, actions: np.ndarray) -> bool:
-        """Step runner ``members[j]`` with ``actions[j]``; ``failed`` lists ``(j, error)``.
-        True when every env stepped and returned what the memory can store without a check."""
-        obs_buf, rew, term, trunc, lives = self._obs, self._reward, self._term, self._trunc, self._lives
-        fmt = self._format
-        shape, dtype = fmt.state_shape, fmt.dtype
-        runners = self._runners
-        failed: list[tuple[int, BaseException]] = []
-        acts = actions.tolist()
-        self.runners = [runners[k] for k in members.tolist()]
-        for j, runner in enumerate(self.runners):
-            try:
-                obs, rew[j], term[j], trunc[j], lives[j] = runner.adapter.step_one(acts[j])
-                if type(obs) is not np.ndarray or obs.shape != shape or obs.dtype != dtype:
-                    obs = fmt(obs)
-                obs_buf[j] = obs
-            except Exception as err:
-                failed.append((j, err))
-        self.m = m = len(members)
-        self.failed = failed
-        # An attribute, not a method: the common step reads it once more per step otherwise.
-        self.rows = self._all_rows if m == len(obs_buf) else tuple(a[:m] for a in self._all_rows)
-        return not failed and unstorable_frames(self.rows[0], dtype) is None
-
-    def check_batch(self) -> None:
-        """The memory's rules for what the envs returned, checked on the whole batch at once;
-        the members that broke them join :attr:`failed`."""
-        m = self.m
-        rew, obs = self._reward[:m], self._obs[:m]
-        bad = unstorable_rewards(rew)
-        if bad is not None:
-            self.failed += [(j, ValueError(f"reward {rew[j]!r} is not finite or does not fit float32"))
-                            for j in np.flatnonzero(bad).tolist()]
-        bad = unstorable_frames(obs, self._format.dtype)
-        if bad is not None:
-            self.failed += [(j, ValueError("observation holds NaN or inf"))
-                            for j in np.flatnonzero(bad).tolist()]

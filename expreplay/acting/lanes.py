@@ -4,44 +4,58 @@
 Acme's adders are for its actors): it owns the group's
 :class:`~expreplay.storage.writers.BatchWriter` and :class:`~expreplay.acting.envs.FrameHistory`,
 and per lane the episode's bookkeeping (open or not, score, length, lives, the start it had).
-It writes a batch of steps, starts and ends episodes, turns a lost life into a new training
-episode when asked, and collects an :class:`~expreplay.acting.episodes.EpisodeRecord` for every
-finished game, emitted once the step is stored.
+It writes a batch of steps, starts and ends episodes, and turns a lost life into a new training
+episode when asked. It knows lanes, not runners: a finished game is kept as an
+:class:`EndedGame` until the acting group takes it (:meth:`LaneEpisodes.take_ended`) and tells
+the game's runner.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .envs import NO_LIVES, FrameHistory
-from .records import make_record
-from .runner import EnvRunner
-from .starts import EpisodeStart, RestartPoint
 
-__all__ = ['LaneEpisodes']
+__all__ = ['EndedGame', 'LaneEpisodes', 'LanePosition']
+
+
+class EndedGame(NamedTuple):
+    """A game that ended in a lane: what its episode record is made of."""
+    lane: int
+    game: int             # the lane's game count when it started
+    start: Any            # what the lane's :meth:`LaneEpisodes.start` was given for it
+    started_at: float     # time.monotonic() at its start
+    score: float
+    length: int
+    terminated: bool
+    truncated: bool
+    life_losses: int
+
+
+class LanePosition(NamedTuple):
+    """Where a lane's episode is now (between steps): what a restart point saves besides the
+    env's state."""
+    frame: np.ndarray     # the latest frame (a copy)
+    lives: int | None
+    last_action: int
+    game: int             # the index of the game it is in
+    step: int             # steps into that game
 
 
 class LaneEpisodes:
-    """Per-lane episodes of the runners ``runners`` (lane ``runner_lanes[k][i]`` is sub-env ``i``
-    of ``runners[k]``), written through ``memory.new_batch_writer``.
+    """Per-lane episodes, written through ``memory.new_batch_writer``: one lane per entry of
+    ``life_loss_terminal`` (whether a lost life ends the lane's training episode).
 
     ``open[lane]`` (read-only outside) is True while the lane is inside an episode the memory
-    records. ``env_state(runner_position, env_index, include_rng)`` returns the env's state for a restart point, which
-    a scheduler that observes steps takes through the snapshot it is handed (see
-    :class:`~expreplay.acting.episodes.RestartPool`).
+    records.
     """
 
-    def __init__(self, runners: Sequence[EnvRunner], memory: Any, frame_shape: tuple[int, ...],
-                 dtype: np.dtype, env_state: Callable[[int, int, bool], Any]) -> None:
-        self.runners = list(runners)
-        sizes = [r.num_envs for r in self.runners]
-        n = int(sum(sizes))
-        self._lane_runner = np.repeat(np.arange(len(self.runners)), sizes)
-        self._lane_env = np.concatenate([np.arange(s) for s in sizes])
+    def __init__(self, life_loss_terminal: np.ndarray, memory: Any, frame_shape: tuple[int, ...],
+                 dtype: np.dtype) -> None:
+        n = len(life_loss_terminal)
         self._writer = memory.new_batch_writer(n)
         self._history = FrameHistory(n, frame_shape, memory.history_len, dtype)
         self.open = np.zeros(n, bool)
@@ -49,16 +63,11 @@ class LaneEpisodes:
         self._length = np.zeros(n, np.int64)
         self._lives = np.full(n, NO_LIVES, np.int64)
         self._life_losses = np.zeros(n, np.int64)
-        self._life_loss_terminal = np.repeat([r.life_loss_terminal for r in self.runners], sizes)
+        self._life_loss_terminal = np.asarray(life_loss_terminal, bool)
         self._games_started = np.zeros(n, np.int64)
-        self._episode_info: list[tuple[int, EpisodeStart, float] | None] = [None] * n
+        self._episode_info: list[tuple[int, Any, float] | None] = [None] * n
         self._last_actions = np.zeros(n, np.int64)   # for restart points; async: what was sent
-        observers = [(k, getattr(r.episode_starts, 'observe_step', None))
-                     for k, r in enumerate(self.runners)]
-        self._observers = {k: f for k, f in observers if f is not None}
-        self._finished: list[tuple[EnvRunner, Any]] = []   # records of this step, emitted after it
-        self._env_state = env_state
-        self._snapshots = [_Snapshot(self, lane) for lane in range(n)]
+        self._ended: list[EndedGame] = []   # games that ended, until the group takes them
         # The acting kernel the history took when built just above, as the writer took its
         # binding (one moment, expreplay._kernels): the fast step needs both.
         self._kernel = self._history.kernel
@@ -77,13 +86,31 @@ class LaneEpisodes:
         return self._last_actions[lanes]
 
     def note_actions(self, lanes: np.ndarray, actions: np.ndarray) -> None:
-        """``lanes`` were given ``actions`` (an asynchronous engine stores them later)."""
+        """``lanes`` were given ``actions`` (an asynchronous engine stores them later; a
+        restart point saves the last)."""
         self._last_actions[lanes] = actions
 
     @property
-    def has_records(self) -> bool:
-        """True when games ended in this step and their records wait for :meth:`emit_records`."""
-        return bool(self._finished)
+    def has_ended(self) -> bool:
+        """True when games ended and wait for :meth:`take_ended`."""
+        return bool(self._ended)
+
+    def take_ended(self) -> list[EndedGame]:
+        """The games that ended since the last call, in the order they ended."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def game_length(self, lane: int) -> int:
+        """The steps ``lane`` took in the game it is in."""
+        return int(self._length[lane])
+
+    def position(self, lane: int) -> LanePosition:
+        """Where ``lane``'s episode is now (between steps)."""
+        info = self._episode_info[lane]
+        assert info is not None
+        lives = int(self._lives[lane])
+        return LanePosition(self._history.latest(lane).copy(), None if lives == NO_LIVES else lives,
+                            int(self._last_actions[lane]), info[0], int(self._length[lane]))
 
     # ------------------------------------------------------------------ writing
     def store_fast(self, lanes: np.ndarray, actions: np.ndarray, frames: np.ndarray,
@@ -107,9 +134,6 @@ class LaneEpisodes:
             if lives.max() >= 0:
                 self._lives[lanes] = lives
             self._history.push(lanes, frames)
-        if self._observers:
-            self._last_actions[lanes] = actions
-            self._observe(lanes)
         return True
 
     def store(self, lanes: np.ndarray, actions: np.ndarray, frames: np.ndarray,
@@ -145,9 +169,6 @@ class LaneEpisodes:
             self._history.push(lanes[going], frames[going])
         else:
             self._history.push(lanes, frames)
-        if self._observers:
-            self._last_actions[lanes] = actions
-            self._observe(lanes[~game_over])
 
     def _lose_lives(self, lanes: np.ndarray, lives: np.ndarray) -> np.ndarray | None:
         """Book the lives the steps report; the lanes whose lost life ends a training episode
@@ -163,9 +184,9 @@ class LaneEpisodes:
         return life_lost if life_lost.any() else None
 
     def start(self, lanes: np.ndarray, frames: np.ndarray, lives: np.ndarray,
-              start: EpisodeStart | list[EpisodeStart]) -> None:
-        """Begin new episodes in ``lanes`` with their first frames (``start`` for every lane,
-        or a list of one :class:`EpisodeStart` per lane)."""
+              starts: list[Any]) -> None:
+        """Begin new episodes in ``lanes`` with their first frames; ``starts``: how each began
+        (one per lane, kept for its :class:`EndedGame`)."""
         if not len(lanes):
             return
         self._writer.start_episodes(lanes, frames, checked=True)
@@ -176,11 +197,9 @@ class LaneEpisodes:
         self._lives[lanes] = lives
         self._life_losses[lanes] = 0
         now = time.monotonic()
-        for j, lane in enumerate(lanes.tolist()):
-            s = start[j] if isinstance(start, list) else start
-            self._episode_info[lane] = (int(self._games_started[lane]), s, now)
+        for lane, start in zip(lanes.tolist(), starts):
+            self._episode_info[lane] = (int(self._games_started[lane]), start, now)
             self._games_started[lane] += 1
-            self.runners[self._lane_runner[lane]].count_start(s.kind)
 
     def close(self, lanes: np.ndarray) -> None:
         """End the lanes' episodes where they are (nothing bootstraps across the gap)."""
@@ -190,60 +209,12 @@ class LaneEpisodes:
         """Detach from the memory (every lane's block is retired; the data stays)."""
         self._writer.close()
 
-    # ------------------------------------------------------------------ ends and records
+    # ------------------------------------------------------------------ ends
     def _end_game(self, lane: int, terminated: bool, truncated: bool) -> None:
         self.open[lane] = False
-        runner = self.runners[self._lane_runner[lane]]
-        runner.record_game(self._score[lane], self._length[lane])
         info = self._episode_info[lane]
         assert info is not None
         index, start, started_at = info
-        self._finished.append((runner, make_record(
-            runner.index, self._lane_env[lane], index, start.seed, start.kind, self._score[lane],
-            self._length[lane], terminated, truncated, self._life_losses[lane], started_at,
-            options=start.options,
-            restored_from=None if start.restore is None else start.restore.origin)))
-
-    def emit_records(self) -> None:
-        """Hand this step's records to the schedulers and the runners' ``on_episode_end``."""
-        records, self._finished = self._finished, []
-        for runner, record in records:
-            end = getattr(runner.episode_starts, 'episode_end', None)
-            if end is not None:
-                end(record)
-            if runner.on_episode_end is not None:
-                runner.on_episode_end(record)
-
-    def _observe(self, lanes: np.ndarray) -> None:
-        """Tell the schedulers that observe steps (restart pools) where each lane is now."""
-        observers = self._observers
-        for lane in lanes.tolist():
-            k = self._lane_runner[lane]
-            f = observers.get(k)
-            if f is not None:
-                f(self.runners[k].index, int(self._lane_env[lane]), int(self._length[lane]),
-                  self._snapshots[lane])
-
-    def restart_point(self, lane: int, include_rng: bool = False) -> RestartPoint:
-        """A :class:`~expreplay.acting.starts.RestartPoint` of ``lane`` now (between steps)."""
-        state = self._env_state(int(self._lane_runner[lane]), int(self._lane_env[lane]), include_rng)
-        info = self._episode_info[lane]
-        assert info is not None
-        lives = int(self._lives[lane])
-        return RestartPoint(state, self._history.latest(lane).copy(),
-                            None if lives == NO_LIVES else lives, int(self._last_actions[lane]),
-                            {'runner': self.runners[self._lane_runner[lane]].index,
-                             'env_index': int(self._lane_env[lane]), 'episode': info[0],
-                             'step': int(self._length[lane])})
-
-
-class _Snapshot:
-    """What an observing scheduler calls (``snapshot(include_rng=False)``) to take a restart
-    point of one lane, now, between steps."""
-    __slots__ = ('_lanes', '_lane')
-
-    def __init__(self, lanes: LaneEpisodes, lane: int) -> None:
-        self._lanes, self._lane = lanes, lane
-
-    def __call__(self, include_rng: bool = False) -> RestartPoint:
-        return self._lanes.restart_point(self._lane, include_rng)
+        self._ended.append(EndedGame(lane, index, start, started_at, float(self._score[lane]),
+                                     int(self._length[lane]), terminated, truncated,
+                                     int(self._life_losses[lane])))

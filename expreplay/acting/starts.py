@@ -4,7 +4,7 @@
 :class:`RestartPoint` to restore) is what a scheduler (:mod:`expreplay.acting.episodes`) hands
 the acting path, and a :class:`RestartPoint` what the acting path hands a scheduler that
 collects them. Both are plain values, so that the schedulers and the acting path that
-executes their starts (:mod:`expreplay.acting.resets`) import them from here, not each other.
+executes their starts (:mod:`expreplay.acting.group`) import them from here, not each other.
 """
 
 from __future__ import annotations

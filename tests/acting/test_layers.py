@@ -2,8 +2,9 @@
 tests/test_layout.py reads the package: module-level and ``TYPE_CHECKING`` imports).
 
 A module's floor is one above the highest floor of the acting modules it imports. The runner is
-on the first floor (the group imports it, never the reverse), the group's parts are peers (none
-imports another), and the population, at the top, is five floors up.
+on the first floor (the group imports it, never the reverse), the group's parts import no acting
+module (the lanes know lanes, not runners: the group tells the runners), and the population, at
+the top, is four floors up.
 """
 
 import ast
@@ -39,15 +40,15 @@ def _floor(module):
     return 1 + max((_floor(m) for m in IMPORTS[module]), default=0)
 
 
-def test_the_group_imports_the_runner_and_its_parts_are_peers():
+def test_the_group_imports_the_runner_and_its_parts_import_no_acting_module():
     assert 'runner' in IMPORTS['group'] and not IMPORTS['runner']
-    parts = {'lanes', 'resets', 'policy'}
+    parts = {'lanes', 'policy'}
     assert parts <= IMPORTS['group']
-    assert all(not (IMPORTS[p] & parts) for p in parts)
+    assert all(not IMPORTS[p] for p in parts)
     assert not IMPORTS['simulator'] & {'group', 'runner'}     # it steps the groups it is handed
 
 
-def test_the_acting_layer_stands_on_five_floors():
+def test_the_acting_layer_stands_on_four_floors():
     floors = {m: _floor(m) for m in MODULES}
-    assert floors['population'] == max(floors.values()) == 5
-    assert floors['group'] == 3 and floors['manager'] == 4
+    assert floors['population'] == max(floors.values()) == 4
+    assert floors['group'] == 2 and floors['manager'] == 3
