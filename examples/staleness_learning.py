@@ -67,9 +67,13 @@ def add(args):
     if not done:
         raise SystemExit(f"{args.run}: its log has no 'training done' line (not finished?)")
     frames, seconds, mean_lag, max_lag = done[-1]
+    seconds = int(seconds) - args.stopped
+    if seconds <= 0:
+        raise SystemExit(f"--stopped {args.stopped} is not less than the run's {seconds + args.stopped} s")
     players = PLAYERS.findall(log)
     os.makedirs(args.data, exist_ok=True)
-    name = f"{args.game}_k{args.staleness}_seed{args.seed}.csv.gz"
+    label = f"_{args.label}" if args.label else ''
+    name = f"{args.game}_k{args.staleness}_seed{args.seed}{label}.csv.gz"
     with open(os.path.join(args.run, 'returns.csv'), 'rb') as src, \
             gzip.open(os.path.join(args.data, name), 'wb') as dst:
         shutil.copyfileobj(src, dst)
@@ -182,6 +186,12 @@ def main(argv=None):
     a.add_argument('--seed', type=int, required=True)
     a.add_argument('--staleness', type=int, required=True, help='the run\'s --staleness')
     a.add_argument('--env-ms', type=float, required=True, help='the run\'s --env-ms')
+    a.add_argument('--label', default='',
+                   help="tells a run apart from another of the same game, window and seed (e.g. "
+                        "'shared' for one that shared the machine): added to its file's name")
+    a.add_argument('--stopped', type=int, default=0, metavar='S',
+                   help="seconds the run was stopped (kill -STOP, e.g. for a benchmark), taken "
+                        "off its time")
     a.add_argument('--data', default=DATA)
     r = sub.add_parser('report', help='the table (Markdown) and, with --png, the plot')
     r.add_argument('--data', default=DATA)

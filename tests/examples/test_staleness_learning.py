@@ -53,6 +53,13 @@ def test_a_run_is_added_and_scored_over_its_last_200k_frames(tmp_path, capsys):
     staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '0', '--staleness', '64',
                              '--env-ms', '2', '--data', data])
     assert len(staleness_learning.read_table(os.path.join(data, 'runs.csv'))) == 1
+    # The same game, window and seed under a label is another run; a stop is taken off its time.
+    staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '0', '--staleness', '64',
+                             '--env-ms', '2', '--data', data, '--label', 'shared',
+                             '--stopped', '400'])
+    rows = staleness_learning.read_table(os.path.join(data, 'runs.csv'))
+    assert [(r['returns'], r['seconds']) for r in rows] == [
+        ('breakout_k64_seed0.csv.gz', '2000'), ('breakout_k64_seed0_shared.csv.gz', '1600')]
 
     baseline(base, 'breakout', 0, 7.0)
     baseline(base, 'breakout', 1, 9.0)
@@ -61,6 +68,7 @@ def test_a_run_is_added_and_scored_over_its_last_200k_frames(tmp_path, capsys):
     out = capsys.readouterr().out
     assert '| breakout | 2 seeds | one player, inline | 0 | 8.00 (7.00-9.00) | |' in out
     assert '| breakout | 0 | 64 | 61.5 (64) | 6.00 (3) | 500 |' in out
+    assert '| breakout | 0 | 64 | 61.5 (64) | 6.00 (3) | 625 |' in out     # the labelled run
 
 
 def test_the_learning_cost_names_the_run_of_the_nearest_lag(tmp_path):
