@@ -33,7 +33,7 @@ from .envs import NO_LIVES, FrameFormat, Results
 from .envs.singles import SingleEnvSteps
 from .lanes import EndedGame, LaneEpisodes
 from .policy import EpsilonGreedy, as_q_values, check_q_values, explorations
-from .records import make_record
+from .records import EpisodeRecord, make_record
 from .runner import EnvRunner
 from .starts import EpisodeStart, RestartPoint
 from ..errors import EnvError, PredictorError
@@ -326,7 +326,7 @@ class ActingGroup:
             if runner.on_episode_end is not None:
                 runner.on_episode_end(record)
 
-    def _record(self, runner: EnvRunner, game: EndedGame) -> Any:
+    def _record(self, runner: EnvRunner, game: EndedGame) -> EpisodeRecord:
         start = game.start
         return make_record(runner.index, self._lane_env[game.lane], game.game, start.seed,
                            start.kind, game.score, game.length, game.terminated, game.truncated,
