@@ -45,7 +45,11 @@ for 8 single-env gymnasium players and for 2 ale-py ``AtariVectorEnv`` players o
 round measures each set-up three times, interleaved: plain (the CPU per update), with the
 counters, with py-spy. Then the floor in the same run: CPU per env step of one gymnasium env
 (and of one ``AtariVectorEnv`` of 4, all its threads) times ``update_frequency``, plus one
-``sample_batch(64)``.
+``sample_batch(64)``; and ``sample(64)`` once more while two threads step gymnasium envs, as
+the pipeline's draw runs (the cores and the GIL shared). The profile's memory holds 6,000
+steps unless ``--memory-size`` says otherwise: the ring wraps in the first warm-up, so writes
+land on pages already in use, as in a long run past its first fill (on a virtual machine
+whose first touch of a page is dear, a first fill costs more per write).
 
 ``--compare vector=K`` adds a contestant whose envs are K players of ale-py's
 ``AtariVectorEnv`` (the same preprocessing, done by C++ threads outside the GIL): what a
@@ -325,6 +329,35 @@ def cpu_ms_per_sample(memory, reps=300, transitions=False):
     return (time.thread_time() - c0) / reps * 1e3
 
 
+def cpu_ms_per_sample_beside_envs(memory, threads=2):
+    """CPU ms (this thread's) of one ``sample(64)`` while ``threads`` threads step gymnasium
+    Pong envs: the draw sharing the cores, the caches and the GIL as it does in the pipeline."""
+    stop = threading.Event()
+    started = threading.Barrier(threads + 1)
+
+    def run(i):
+        env = pong()
+        env.reset(seed=i)
+        rng = np.random.default_rng(i)
+        started.wait()
+        while not stop.is_set():
+            _, _, term, trunc, _ = env.step(int(rng.integers(6)))
+            if term or trunc:
+                env.reset()
+        env.close()
+
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    try:
+        started.wait()
+        return cpu_ms_per_sample(memory, transitions=True)
+    finally:
+        stop.set()
+        for t in workers:
+            t.join()
+
+
 def cpu_ms_per_vector_env_step(num_envs=4, steps=500):
     """CPU ms (all the process's threads: the engine's C++ threads do the work) per env step
     of one ``AtariVectorEnv`` of ``num_envs`` Pong envs, random actions; the process
@@ -461,7 +494,8 @@ def run_profile(args):
     out['floor'] = dict(env_ms=cpu_ms_per_env_step(), vector_env_ms=cpu_ms_per_vector_env_step(),
                         gil_free_share=gil_free_share_of_env_step(),
                         sample_ms=min(sample_ms, cpu_ms_per_sample(memory)),
-                        transitions_ms=min(transitions_ms, cpu_ms_per_sample(memory, transitions=True)))
+                        transitions_ms=min(transitions_ms, cpu_ms_per_sample(memory, transitions=True)),
+                        busy_transitions_ms=cpu_ms_per_sample_beside_envs(memory))
     if os.path.exists(spy_path):
         os.remove(spy_path)
     print(json.dumps(out), flush=True)
@@ -621,7 +655,14 @@ def report_profile(res, args):
     print(f"  floor: a gymnasium Pong step {floor['env_ms']:.3f} CPU ms ({floor['gil_free_share']:.0%} "
           f"of it without the GIL: two envs in two threads against one), an AtariVectorEnv x 4 "
           f"step {floor['vector_env_ms']:.3f} CPU ms per env (all its threads), sample_batch(64) "
-          f"{floor['sample_ms']:.3f} CPU ms, sample(64) {floor['transitions_ms']:.3f} CPU ms")
+          f"{floor['sample_ms']:.3f} CPU ms, sample(64) {floor['transitions_ms']:.3f} CPU ms "
+          f"({floor['busy_transitions_ms']:.3f} while two threads step gymnasium Pong)")
+    for label in labels:
+        plain_cpu = med([r['cpu_ms'] for r in prof[label]['plain']])
+        env_ms = floor['env_ms'] if label.startswith('8 single') else floor['vector_env_ms']
+        busy_floor = UPDATE_FREQUENCY * env_ms + floor['busy_transitions_ms']
+        print(f"  {label}: floor with the draw measured beside stepping envs {busy_floor:.2f} "
+              f"CPU ms, CPU / floor {plain_cpu / busy_floor:.2f}")
 
 
 def _worker_args(args):
@@ -650,7 +691,8 @@ def main():
     ap.add_argument('--rounds', type=int, default=3)
     ap.add_argument('--seconds', type=float, default=5.0, help="measured seconds per round")
     ap.add_argument('--warmup', type=float, default=1.0, help="seconds before each measure")
-    ap.add_argument('--memory-size', type=int, default=50_000)
+    ap.add_argument('--memory-size', type=int, help="replay memory size (default 50,000; "
+                    "6,000 with --profile, a ring that wraps in the warm-up)")
     ap.add_argument('--init-memory-size', type=int, default=5_000)
     ap.add_argument('--prefetch', type=int, help="expreplay's prefetch depth (default: the stream's)")
     ap.add_argument('--staleness', type=int, help="expreplay's maximum_staleness (default: the stream's)")
@@ -672,6 +714,8 @@ def main():
                     "functions holding the GIL longest to list")
     ap.add_argument('--case', choices=list(CASES) + ['profile'], help=argparse.SUPPRESS)   # a worker's case
     args = ap.parse_args()
+    if args.memory_size is None:
+        args.memory_size = 6_000 if args.profile or args.case == 'profile' else 50_000
     if args.rounds < 3:
         ap.error("--rounds must be >= 3 (medians of at least 3 rounds)")
     if args.case == 'profile':
