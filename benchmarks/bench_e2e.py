@@ -339,7 +339,7 @@ def cpu_ms_per_sample_beside_envs(memory, threads=2):
         env = pong()
         env.reset(seed=i)
         rng = np.random.default_rng(i)
-        started.wait()
+        started.wait(timeout=60)         # a worker that fails to start breaks the barrier
         while not stop.is_set():
             _, _, term, trunc, _ = env.step(int(rng.integers(6)))
             if term or trunc:
@@ -350,7 +350,7 @@ def cpu_ms_per_sample_beside_envs(memory, threads=2):
     for t in workers:
         t.start()
     try:
-        started.wait()
+        started.wait(timeout=60)
         return cpu_ms_per_sample(memory, transitions=True)
     finally:
         stop.set()
@@ -635,6 +635,9 @@ def report_profile(res, args):
               f"predictor and the learner loop) per env step: CPU {library_cpu / steps:.3f} ms, "
               f"GIL-held {library_gil / steps:.3f} ms (without the draw "
               f"{(library_gil - gil[label].get('draw', 0.0)) / steps:.3f} ms)")
+        busy_floor = floor_ms - floor['sample_ms'] + floor['busy_transitions_ms']
+        print(f"  {label}: floor with the draw measured beside stepping envs {busy_floor:.2f} "
+              f"CPU ms, CPU / floor {cpu_plain / busy_floor:.2f}")
     for label in labels:
         runs = [r['switches'] for r in prof[label]['plain'] if 'switches' in r]
         if runs:
@@ -657,12 +660,6 @@ def report_profile(res, args):
           f"step {floor['vector_env_ms']:.3f} CPU ms per env (all its threads), sample_batch(64) "
           f"{floor['sample_ms']:.3f} CPU ms, sample(64) {floor['transitions_ms']:.3f} CPU ms "
           f"({floor['busy_transitions_ms']:.3f} while two threads step gymnasium Pong)")
-    for label in labels:
-        plain_cpu = med([r['cpu_ms'] for r in prof[label]['plain']])
-        env_ms = floor['env_ms'] if label.startswith('8 single') else floor['vector_env_ms']
-        busy_floor = UPDATE_FREQUENCY * env_ms + floor['busy_transitions_ms']
-        print(f"  {label}: floor with the draw measured beside stepping envs {busy_floor:.2f} "
-              f"CPU ms, CPU / floor {plain_cpu / busy_floor:.2f}")
 
 
 def _worker_args(args):
