@@ -52,15 +52,22 @@ and ``--staleness K`` lets up to K step requests be pending while the learner tr
 stream's ``maximum_staleness``; by default the stream's, twice the frames per update: 2; with
 one player nothing is pending). It is still one update per frame: the stream counts the
 transitions inserted, whatever the players, and the frames are all players' steps. The price
-of the window is lag: a step may start some updates after the learner asked for it, so each
-batch is drawn from a memory lacking up to K of the frames asked for. The last line of a run
-gives the mean of that lag as ``examples/tune_staleness.py`` measures it (learner updates
-between a step's request and its start; 0 with one player); the players act, besides, with the
-weights of the update before the one computing (see above). The window makes lag only when the
-players are slower than the learner (a GPU learner's case; here MinAtar's env is faster than
-the CPU update, and every request starts at once): ``--env-ms D`` gives each player's env step
-a D ms sleep, an emulator that slow, so that the window fills (``examples/staleness_learning.py``
-and docs/staleness_learning.md: what lag costs learning).
+of the window is request lag: a step may start some updates after the learner asked for it
+(``examples/tune_staleness.py``'s ``update_lag``). It does not age the weights that act: a
+step reads the players' weights when it starts, whenever it was asked for. What a request
+carries is its exploration, so a window of K plays the epsilon schedule up to K frames late
+(the initial fill's random requests still pending when training starts included). The window
+makes lag only when the players are slower than the learner (a GPU learner's case; here
+MinAtar's env is faster than the CPU update, and every request starts at once): ``--env-ms D``
+gives each player's env step a D ms sleep, an emulator that slow, so that the window fills.
+
+The weights' age: ``--weights-every N`` hands the learner's weights to the players every N
+updates instead of after each (what a learner whose hand-over costs, a GPU's device-to-host
+copy, may want to do less often), so the acting weights are 1 to N updates old. The last line
+gives both lags, counted after the initial fill (``DataLags``): the request lag (mean and max)
+and the age of the weights each greedy action was computed with (mean and max, in updates; 1
+when they are handed over after each update and one player steps inline). ``examples/staleness_learning.py`` and docs/staleness_learning.md: what each costs
+learning.
 
 Checkpoints: ``--checkpoint-dir DIR`` saves, every ``--checkpoint-every`` frames and at the end
 (also on Ctrl-C, or on ``kill``'s SIGTERM for a run in the background, whose Ctrl-C the
@@ -78,7 +85,7 @@ bit-exact replay.
 Progress: a first line naming the game and settings, then a ``progress:`` line every
 ``--log-every`` seconds (frames and their rate, updates, games and their mean score, epsilon)
 and a ``resources:`` line (threads, open files, resident memory) after the first minute and at
-the end; the last line gives the frames, the games, the time and the mean policy lag.
+the end; the last line gives the frames, the games, the time and the two lags (above).
 """
 
 import argparse
@@ -135,6 +142,9 @@ def argument_parser():
                    help="step requests that may be pending while the learner trains (the "
                         "stream's maximum_staleness); None: the stream's default, twice the "
                         "frames per update (2)")
+    p.add_argument('--weights-every', type=positive, default=1,
+                   help="updates between the hand-overs of the learner's weights to the players "
+                        "(see 'The weights' age' above); 1: after each update")
     p.add_argument('--env-ms', type=float, default=0.0,
                    help="milliseconds each player's env step also sleeps (GIL released): an "
                         "emulator slower than the learner, as a GPU learner's envs are, so that "
@@ -156,6 +166,10 @@ def parse_args(argv=None):
         parser.error(f"--target-update ({args.target_update}) must be a multiple of "
                      f"--updates-per-call ({args.updates_per_call}): the target is copied "
                      "between calls")
+    if args.weights_every != 1 and args.weights_every % args.updates_per_call:
+        parser.error(f"--weights-every ({args.weights_every}) must be 1 or a multiple of "
+                     f"--updates-per-call ({args.updates_per_call}): the weights are handed "
+                     "over between calls")
     return args
 
 
@@ -307,20 +321,25 @@ class GreedyPolicy:
     queue behind the update in flight and nothing would overlap; this forward (one state:
     ~0.03 ms) runs beside it. ``load`` takes flax's parameter tree (JAX arrays: reading them
     waits until the update that makes them is done) and stores a whole new set of numpy arrays
-    (an attribute store, atomic for the player threads). Give it the learner's weights after
+    (one attribute store with their version, atomic for the player threads). Give it the learner's weights after
     each update; never bind weights into the predictor once (``lambda s, p=params: ...`` keeps
     the first).
     """
 
-    def __init__(self, params):
+    def __init__(self, params, lags=None):
+        self.lags = lags   # DataLags told of the weights' version each call acts with, or None
         self.load(params)
 
-    def load(self, params):
-        self.params = jax.tree.map(np.asarray, params)
+    def load(self, params, version=0):
+        """Act with ``params`` from now on; ``version``: the updates they are the result of."""
+        self.loaded = (jax.tree.map(np.asarray, params), version)
 
     def __call__(self, states):
         """States ``(n, 10, 10, C, 1)`` (one frame each) -> Q-values ``(n, num_actions)``."""
-        return q_values(self.params, states[..., 0])
+        params, version = self.loaded
+        if self.lags is not None:
+            self.lags.acted(version, len(states))
+        return q_values(params, states[..., 0])
 
 
 class EpisodeLog:
@@ -371,20 +390,25 @@ class EpisodeLog:
                 self.file = self.writer = None
 
 
-class PolicyLag:
-    """The data's policy lag as ``examples/tune_staleness.py`` measures it: the learner updates
-    made between a step's request and the start of that step.
+class DataLags:
+    """The two lags of the data, counted after the initial fill.
 
-    The requests start in the order they were made (the manager's window is first in, first
-    out), so the k-th env step started is the k-th requested. Requests made before the first
-    update (the fill's) are not counted.
+    Request lag, as ``examples/tune_staleness.py`` measures it, at each env step's start: the
+    learner updates made between the step's request and its start. The requests start in the order they were made
+    (the manager's window is first in, first out), so the k-th env step started is the k-th
+    requested; requests made before the first update (the fill's) are not counted.
+
+    Weights' age: the learner updates made when a greedy action is computed since the weights
+    it is computed with were made (their version: the update count they are the result of,
+    handed over with them), counted once per state.
     """
 
     def __init__(self):
         self.lock = threading.Lock()
         self.updates = 0                      # updates dispatched (the training loop sets it)
         self.requests = collections.deque()   # the update count at each request not started
-        self.total = self.count = self.max = 0
+        self.request = LagTally()
+        self.age = LagTally()
 
     def requested(self):
         with self.lock:
@@ -392,17 +416,36 @@ class PolicyLag:
 
     def started(self):
         with self.lock:
-            if self.requests:
-                at = self.requests.popleft()
-                if at:
-                    lag = self.updates - at
-                    self.total += lag
-                    self.count += 1
-                    self.max = max(self.max, lag)
+            at = self.requests.popleft() if self.requests else 0
+            if at:
+                self.request.add(self.updates - at)
+
+    def acted(self, version, states):
+        with self.lock:
+            if self.updates:
+                self.age.add(self.updates - version, states)
+
+    def summary(self):
+        """The last line's account of both lags."""
+        with self.lock:
+            return (f"mean request lag {self.request.mean():.2f} updates (max "
+                    f"{self.request.max}), acting weights' mean age {self.age.mean():.2f} "
+                    f"updates (max {self.age.max})")
+
+
+class LagTally:
+    """Mean and maximum of lags added one at a time (the caller holds the lock)."""
+
+    def __init__(self):
+        self.total = self.count = self.max = 0
+
+    def add(self, lag, times=1):
+        self.total += lag * times
+        self.count += times
+        self.max = max(self.max, lag)
 
     def mean(self):
-        with self.lock:
-            return self.total / self.count if self.count else 0.0
+        return self.total / self.count if self.count else 0.0
 
 
 class LaggedPopulation(Population):
@@ -509,10 +552,11 @@ def train(args):
     resumed_updates = updates
     seed = args.seed + (learner_frames or 0)   # the random draws after a resume: new, but reproducible
 
-    policy = GreedyPolicy(state[0])
+    lag = DataLags()
+    policy = GreedyPolicy(state[0], lag)
     memory = ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
                           prioritized=args.prioritized)
-    episodes, lag = EpisodeLog(args.returns, memory), PolicyLag()
+    episodes = EpisodeLog(args.returns, memory)
     stream = ReplayStream(
         memory,
         # One player: the paper's one env, stepped inline by this thread; more: the simulator
@@ -555,7 +599,9 @@ def train(args):
                     # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
                     new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
                                            batch.next_state[..., 0], batch.discount, batch.weights)
-                    policy.load(state[0])   # the weights before this update act for the next frames
+                    if updates % args.weights_every == 0:
+                        # The weights before this update act for the next frames.
+                        policy.load(state[0], updates - resumed_updates)
                     state = new_state
                     updates += per_call
                     lag.updates = updates - resumed_updates
@@ -598,8 +644,7 @@ def train(args):
                 save_learner(learner_file, state, {'frames': frames, 'updates': updates})
         print(resources(), flush=True)
         print(f"training done: {frames} frames, {len(episodes.rows)} games in "
-              f"{time.time() - start:.0f} s, mean policy lag {lag.mean():.2f} updates "
-              f"(max {lag.max})", flush=True)
+              f"{time.time() - start:.0f} s, {lag.summary()}", flush=True)
     except KeyboardInterrupt:
         # Said saved only if the learner's file holds this frame (the memory saved at it).
         raise Stopped(frames if saved_frame(learner_file) == frames else None) from None

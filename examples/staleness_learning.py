@@ -1,34 +1,45 @@
 #!/usr/bin/env python
-"""What staleness costs learning: DQN's score at 1M frames against the data's measured policy lag.
+"""What lag costs learning: DQN's score at 1M frames against the data's two measured lags.
 
-    # one run per game, seed and window (--env-ms: see below), its log kept:
+    # one run per game, seed and setting (--env-ms: see below), its log kept:
     python examples/dqn_minatar_jax.py --game breakout --seed 0 --frames 1000000 --players 4 \\
         --staleness 16384 --env-ms 1.0 --returns runs/breakout_k16384_seed0/returns.csv \\
         > runs/breakout_k16384_seed0/log.txt
+    python examples/dqn_minatar_jax.py --game breakout --seed 0 --frames 1000000 \\
+        --weights-every 10000 --returns runs/breakout_w10000_seed0/returns.csv \\
+        > runs/breakout_w10000_seed0/log.txt
     # add each finished run to the study's table (its returns file is copied beside it, gzipped):
     python examples/staleness_learning.py add runs/breakout_k16384_seed0 --game breakout --seed 0 \\
         --staleness 16384 --env-ms 1.0 --data docs/data/staleness
+    python examples/staleness_learning.py add runs/breakout_w10000_seed0 --game breakout --seed 0 \\
+        --weights-every 10000 --data docs/data/staleness
     # the table and the plot, from the committed files only:
     python examples/staleness_learning.py report --data docs/data/staleness --png docs/staleness_learning.png
 
-The study's question is the other half of ``examples/tune_staleness.py``: a wider window
-(``maximum_staleness``) lets more steps reach the memory per second, and the data it brings
-lags the learner; how much lag can DQN take before it learns worse? A run's lag is the mean
-number of learner updates between a step's request and its start, as ``dqn_minatar_jax.py``
-reports it on its last line (``mean policy lag``) and as ``tune_staleness.py`` measures it.
+Two lags, both as ``dqn_minatar_jax.py`` reports them on its last line:
 
-The window only makes lag when the players are slower than the learner (otherwise every
-request starts at once, whatever the window): a GPU learner's situation, not this CPU's, where
-the JAX update is slower than MinAtar's env. ``--env-ms`` gives each player's env step a sleep
-(the GIL released, no CPU used) standing for a slower emulator, so that the window fills;
+* the request lag (``--staleness``, ``maximum_staleness``): the learner updates between a
+  step's request and its start, as ``examples/tune_staleness.py`` measures it (``update_lag``).
+  It does not age the weights that act (a step reads them when it starts); it delays the step
+  and plays the exploration its request carries that many frames late.
+* the weights' age (``--weights-every``): the learner updates between the weights a greedy
+  action is computed with and the learner's newest, which grows when the weights are handed to
+  the players less often than after each update.
+
+The window only makes request lag when the players are slower than the learner (otherwise
+every request starts at once, whatever the window): a GPU learner's situation, not this CPU's,
+where the JAX update is slower than MinAtar's env. ``--env-ms`` gives each player's env step a
+sleep (the GIL released, no CPU used) standing for a slower emulator, so that the window fills;
 with the library's default of one simulator thread for single-env players the sleeps add up
-(4 players at 1.0 ms: at most ~1,000 steps/s), and the lag then comes close to the window.
+(4 players at 1.0 ms: at most ~1,000 steps/s), and the lag then comes close to the window. The
+weights' age needs no such set-up: it is the hand-over's interval, whatever the machine.
 
 The score is the mean return of the training episodes that ended in the last 200k frames
 (800k-1M), the same window for every run; ``--baseline`` adds, as lag 0, the one-player runs of
-``docs/data/minatar_jax`` (the paper's loop, the env stepped inline: no request waits) over the
-same window. ``report`` prints a Markdown table and draws score against lag (each run a point,
-the baseline's seeds as a band) and frames/s against the window.
+``docs/data/minatar_jax`` (the paper's loop, the env stepped inline: no request waits, weights
+handed over after each update) over the same window. ``report`` prints a Markdown table and
+draws score against each lag (each run a point, the baseline's seeds as a band) and frames/s
+against the window.
 """
 
 import argparse
@@ -41,13 +52,14 @@ import shutil
 
 import numpy as np
 
-FIELDS = ['game', 'seed', 'players', 'staleness', 'env_ms', 'frames', 'seconds', 'mean_lag',
-          'max_lag', 'returns']
+FIELDS = ['game', 'seed', 'players', 'staleness', 'env_ms', 'weights_every', 'frames', 'seconds',
+          'mean_lag', 'max_lag', 'mean_age', 'max_age', 'returns']
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, '..', 'docs', 'data', 'staleness')          # the committed study
 BASELINE = os.path.join(HERE, '..', 'docs', 'data', 'minatar_jax')   # one-player runs: lag 0
-LAST_LINE = re.compile(r'training done: (\d+) frames, \d+ games in (\d+) s, mean policy lag '
-                       r'([\d.]+) updates \(max (\d+)\)')
+LAST_LINE = re.compile(r"training done: (\d+) frames, \d+ games in (\d+) s, mean request lag "
+                       r"([\d.]+) updates \(max (\d+)\), acting weights' mean age ([\d.]+) "
+                       r"updates \(max (\d+)\)")
 PLAYERS = re.compile(r': \d+ frames, seed \d+, (\d+) players?')
 
 
@@ -66,14 +78,16 @@ def add(args):
     done = LAST_LINE.findall(log)
     if not done:
         raise SystemExit(f"{args.run}: its log has no 'training done' line (not finished?)")
-    frames, seconds, mean_lag, max_lag = done[-1]
+    frames, seconds, mean_lag, max_lag, mean_age, max_age = done[-1]
     seconds = int(seconds) - args.stopped
     if seconds <= 0:
         raise SystemExit(f"--stopped {args.stopped} is not less than the run's {seconds + args.stopped} s")
     players = PLAYERS.findall(log)
     os.makedirs(args.data, exist_ok=True)
     label = f"_{args.label}" if args.label else ''
-    name = f"{args.game}_k{args.staleness}_seed{args.seed}{label}.csv.gz"
+    setting = (f"_k{args.staleness}" if args.staleness else '') + (
+        f"_w{args.weights_every}" if args.weights_every > 1 else '')
+    name = f"{args.game}{setting}_seed{args.seed}{label}.csv.gz"
     with open(os.path.join(args.run, 'returns.csv'), 'rb') as src, \
             gzip.open(os.path.join(args.data, name), 'wb') as dst:
         shutil.copyfileobj(src, dst)
@@ -81,13 +95,16 @@ def add(args):
     rows = read_table(table) if os.path.exists(table) else []
     rows = [r for r in rows if r['returns'] != name]      # a run added again replaces its row
     rows.append(dict(game=args.game, seed=args.seed, players=players[-1] if players else '',
-                     staleness=args.staleness, env_ms=args.env_ms, frames=frames,
-                     seconds=seconds, mean_lag=mean_lag, max_lag=max_lag, returns=name))
+                     staleness=args.staleness or '', env_ms=args.env_ms,
+                     weights_every=args.weights_every, frames=frames, seconds=seconds,
+                     mean_lag=mean_lag, max_lag=max_lag, mean_age=mean_age, max_age=max_age,
+                     returns=name))
     with open(table, 'w', newline='') as f:
         w = csv.DictWriter(f, FIELDS)
         w.writeheader()
         w.writerows(rows)
-    print(f"{name}: lag {mean_lag} (max {max_lag}), {int(frames) / int(seconds):.0f} frames/s")
+    print(f"{name}: request lag {mean_lag} (max {max_lag}), weights' age {mean_age} (max "
+          f"{max_age}), {int(frames) / int(seconds):.0f} frames/s")
 
 
 def read_table(path):
@@ -111,39 +128,54 @@ def study(data=DATA, baseline_dir=BASELINE):
 
 
 def learning_cost(lag, data=DATA, baseline_dir=BASELINE):
-    """Lines saying what the study measured nearest to a mean lag of ``lag`` updates, game by
-    game (``examples/tune_staleness.py`` prints them beside its throughput)."""
+    """Lines saying what the study measured nearest to a mean request lag of ``lag`` updates
+    (the window's runs), game by game (``examples/tune_staleness.py`` prints them beside its
+    throughput)."""
     if not os.path.exists(os.path.join(data, 'runs.csv')):
         return []
     rows, baseline = study(data, baseline_dir)
+    rows = [r for r in rows if r['staleness']]
     lines = []
     for game in sorted({r['game'] for r in rows}):
         near = min((r for r in rows if r['game'] == game),
                    key=lambda r: abs(np.log1p(float(r['mean_lag'])) - np.log1p(lag)))
         base = baseline.get(game)
-        lines.append(f"  {game}: at a lag of {float(near['mean_lag']):.0f} updates (seed "
+        lines.append(f"  {game}: at a request lag of {float(near['mean_lag']):.0f} updates (seed "
                      f"{near['seed']}) DQN scored {near['score']:.2f} over 800k-1M frames" + (
                          f", against {np.mean(base):.2f} ({min(base):.2f}-{max(base):.2f}, "
                          f"{len(base)} seeds) with no lag" if base else ''))
     return lines
 
 
+def age(r):
+    """A run's mean weights' age in updates; 1 where it was not measured (handed over after
+    each update, the default)."""
+    return float(r['mean_age']) if r.get('mean_age') else 1.0
+
+
 def report(args):
     rows, baseline = study(args.data, args.baseline)
-    rows.sort(key=lambda r: (r['game'], float(r['mean_lag']), int(r['seed'])))
-    print("| game | seed | window | mean lag (max), updates | score, 800k-1M (episodes) | frames/s |")
-    print("|---|---|---|---|---|---|")
+    rows.sort(key=lambda r: (r['game'], int(r.get('weights_every') or 1), float(r['mean_lag']),
+                             int(r['seed'])))
+    print("| game | seed | window | weights every | request lag, mean (max) | weights' age, mean "
+          "(max) | score, 800k-1M (episodes) | frames/s |")
+    print("|---|---|---|---|---|---|---|---|")
     for game, scores in baseline.items():
-        print(f"| {game} | {len(scores)} seeds | one player, inline | 0 | "
+        print(f"| {game} | {len(scores)} seeds | one player, inline | 1 | 0 | 1 | "
               f"{np.mean(scores):.2f} ({min(scores):.2f}-{max(scores):.2f}) | |")
     for r in rows:
-        print(f"| {r['game']} | {r['seed']} | {r['staleness']} | {float(r['mean_lag']):.1f} "
-              f"({r['max_lag']}) | {r['score']:.2f} ({r['episodes']}) | {r['rate']:.0f} |")
+        window = r['staleness'] or 'one player, inline'
+        weights_age = f"{age(r):.1f} ({r['max_age']})" if r.get('mean_age') else 'not measured'
+        print(f"| {r['game']} | {r['seed']} | {window} | {r.get('weights_every') or 1} | "
+              f"{float(r['mean_lag']):.1f} ({r['max_lag']}) | {weights_age} | "
+              f"{r['score']:.2f} ({r['episodes']}) | {r['rate']:.0f} |")
     if args.png:
         plot(rows, baseline, args.png)
 
 
 def plot(rows, baseline, png):
+    """Per game: score against the request lag (the window's runs) and against the weights'
+    age (the hand-over's runs); then frames/s against the window."""
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
@@ -153,19 +185,27 @@ def plot(rows, baseline, png):
         own = [r for r in rows if r['game'] == game]
         if game in baseline:
             lo, hi = min(baseline[game]), max(baseline[game])
-            ax.axhspan(lo, hi, color='0.85', label=f"one player, inline ({len(baseline[game])} seeds)")
+            ax.axhspan(lo, hi, color='0.85', label=f"no lag ({len(baseline[game])} seeds)")
         for seed in sorted({r['seed'] for r in own}):
-            pts = [(float(r['mean_lag']), r['score']) for r in own if r['seed'] == seed]
-            ax.plot(*zip(*pts), 'o', label=f"seed {seed}")
+            window = [(float(r['mean_lag']), r['score']) for r in own
+                      if r['seed'] == seed and r['staleness']]
+            handover = [(age(r), r['score']) for r in own
+                        if r['seed'] == seed and not r['staleness']]
+            if window:
+                ax.plot(*zip(*window), 'o', label=f"request lag, seed {seed}")
+            if handover:
+                ax.plot(*zip(*handover), 's', label=f"weights' age, seed {seed}")
         ax.set_xscale('symlog', linthresh=1)
-        ax.set_xlabel('mean policy lag of the data (learner updates)')
+        ax.set_xlabel('mean lag (learner updates)')
         ax.set_ylabel('mean return, 800k-1M frames')
         ax.set_title(game)
         ax.legend(fontsize=7, loc='lower left')
     ax = axes[-1]
     for game in games:
-        pts = sorted((int(r['staleness']), r['rate']) for r in rows if r['game'] == game)
-        ax.plot(*zip(*pts), 'o', label=game)
+        pts = sorted((int(r['staleness']), r['rate']) for r in rows
+                     if r['game'] == game and r['staleness'])
+        if pts:
+            ax.plot(*zip(*pts), 'o', label=game)
     ax.set_xscale('log')
     ax.set_xlabel('maximum_staleness (step requests pending)')
     ax.set_ylabel('frames/s (whole run)')
@@ -184,10 +224,11 @@ def main(argv=None):
     a.add_argument('run')
     a.add_argument('--game', required=True)
     a.add_argument('--seed', type=int, required=True)
-    a.add_argument('--staleness', type=int, required=True, help='the run\'s --staleness')
-    a.add_argument('--env-ms', type=float, required=True, help='the run\'s --env-ms')
+    a.add_argument('--staleness', type=int, help="the run's --staleness (none: one player)")
+    a.add_argument('--env-ms', type=float, default=0.0, help="the run's --env-ms")
+    a.add_argument('--weights-every', type=int, default=1, help="the run's --weights-every")
     a.add_argument('--label', default='',
-                   help="tells a run apart from another of the same game, window and seed (e.g. "
+                   help="tells a run apart from another of the same game, setting and seed (e.g. "
                         "'shared' for one that shared the machine): added to its file's name")
     a.add_argument('--stopped', type=int, default=0, metavar='S',
                    help="seconds the run was stopped (kill -STOP, e.g. for a benchmark), taken "

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Choose num_parallel_players and maximum_staleness: measure throughput against policy lag.
+"""Choose num_parallel_players and maximum_staleness: measure throughput against request lag.
 
     python examples/tune_staleness.py --env ALE/Pong-v5 --players 1 2 4 --staleness 1 2 4 8 16
     python examples/tune_staleness.py --env CartPole-v1 --predictor mlp --train-ms 2
@@ -10,7 +10,8 @@ the simulator threads execute them asynchronously, at most ``maximum_staleness``
 pending. A larger window lets acting overlap learning and lets several players act (and share
 one batched forward pass) at once, so more steps per second reach the memory. The price is
 lag: a request that waits behind others is executed after the learner has moved on, so the
-transition it adds was asked for by an older learner. This script runs the real machinery
+transition it adds was asked for by an older learner (it is acted with the weights of when it
+starts: what arrives late is the step, and the exploration its request carries). This script runs the real machinery
 (``ReplayMemory``, ``EnvRunner``, ``EnvRunnerManager``) in a DQN-shaped loop for every
 combination, measures, and writes ``staleness.csv`` (each combination's mean over
 ``--rounds`` rounds, with the spread), ``staleness_rounds.csv`` (every round) and
@@ -24,7 +25,8 @@ What is measured, per combination, over ``--seconds`` after ``--warmup``:
   already queued (0 = executed at once; at most ``maximum_staleness - 1``).
 * ``update_lag``: when a step starts executing, how many learner updates happened since it
   was requested: how many predictor updates behind the newest request the acting step is.
-  The tensorpack predictor reads the live weights, so this is the policy lag of the data.
+  The predictor reads the live weights when the step starts, so this lag delays the step and
+  plays the exploration schedule late, but does not age the weights that act.
 
 The learner: each update samples a real batch from the memory and then sleeps ``--train-ms``,
 standing for the training step of a GPU learner (which, like a sleep, does not hold the GIL
@@ -37,8 +39,9 @@ that a machine whose speed drifts during the sweep affects all of them alike; th
 rounds (min to max) is in the CSV and drawn as error bars.
 
 This measures the throughput side only. What lag costs learning is measured in
-docs/staleness_learning.md (DQN on MinAtar to 1M frames, score against the measured lag); the
-last lines printed give its result nearest to the recommended combination's lag.
+docs/staleness_learning.md (DQN on MinAtar to 1M frames, score against the measured request lag
+and against the acting weights' age); the last lines printed give its result nearest to the
+recommended combination's request lag.
 
 The recommendation: among the combinations reaching ``--throughput-fraction`` of the best
 steps/s (means over the rounds), the one with the smallest mean update lag (ties: fewer
@@ -361,8 +364,8 @@ def plot(rows, path, title, recommended):
     rounds = max(r['rounds'] for r in rows)
     ax1.set_ylabel('environment steps into the memory per second')
     ax1.set_title(f'throughput (mean of {rounds} rounds; bars: min-max)', fontsize=10)
-    ax2.set_ylabel('policy lag (learner updates behind, mean)')
-    ax2.set_title('policy lag', fontsize=10)
+    ax2.set_ylabel('update lag (learner updates since the request, mean)')
+    ax2.set_title('request lag', fontsize=10)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -435,7 +438,7 @@ def main(argv=None):
           f"maximum_staleness={rec['maximum_staleness'] or 'any'}: "
           f"{rec['steps_per_sec']:.0f} steps/s (rounds {rec['steps_per_sec_min']:.0f}-"
           f"{rec['steps_per_sec_max']:.0f}; {100 * rec['steps_per_sec'] / best:.0f}% of the best, "
-          f"{best:.0f}), policy lag {rec['update_lag_mean']:.2f} updates on average "
+          f"{best:.0f}), request lag {rec['update_lag_mean']:.2f} updates on average "
           f"(max {rec['update_lag_max']}), {rec['request_lag_mean']:.2f} queued requests")
     cost = learning_cost(rec['update_lag_mean'])
     if cost:

@@ -313,19 +313,40 @@ def test_kill_during_the_fill_saves_it_and_the_resumed_run_goes_on_from_it(tmp_p
     assert later and later[0] > frames and later == sorted(later) and later[-1] <= 50_200
 
 
+def last_line(out):
+    """The last line's frames, games, request lag (mean, max) and weights' age (mean, max)."""
+    done = re.search(r"^training done: (\d+) frames, (\d+) games in \d+ s, mean request lag "
+                     r"([\d.]+) updates \(max (\d+)\), acting weights' mean age ([\d.]+) "
+                     r"updates \(max (\d+)\)$", out, re.M)
+    assert done, out[-2000:]
+    return int(done[1]), int(done[2]), float(done[3]), int(done[4]), float(done[5]), int(done[6])
+
+
+def test_weights_handed_over_every_n_updates_act_1_to_n_updates_old(tmp_path):
+    # One player stepped inline, one update per frame, greedy from the first update on: the
+    # weights each action is computed with are 1, 2, ..., 100 updates old, over and over
+    # (handed over after each update: always 1).
+    out = example(['--frames', '700', '--replay-start', '200', '--memory-size', '1000',
+                   '--exploration-frames', '1', '--final-exploration', '0',
+                   '--updates-per-call', '1', '--weights-every', '100', '--log-every', '0'],
+                  tmp_path)
+    frames, _, lag, _, age, age_max = last_line(out)
+    assert frames == 700 and lag == 0 and age_max == 100 and 49 <= age <= 52, out[-300:]
+
+
 def test_several_players_with_a_staleness_window_train_and_log_their_frames(tmp_path):
     # ~17 s on 2 cores (load average 1.5), most of it JAX's import and compilation.
     out = example(['--players', '2', '--staleness', '4', '--frames', '1000', '--replay-start', '200',
                    '--memory-size', '1500', '--target-update', '48', '--log-every', '0',
-                   '--returns', 'returns.csv'], tmp_path)
+                   '--weights-every', '8', '--returns', 'returns.csv'], tmp_path)
     assert '2 players' in out, out[:500]
-    done = re.search(r'^training done: (\d+) frames, (\d+) games in \d+ s, '
-                     r'mean policy lag ([\d.]+) updates \(max (\d+)\)$', out, re.M)
-    assert done, out[-2000:]
-    frames, games, lag, lag_max = int(done[1]), int(done[2]), float(done[3]), int(done[4])
+    frames, games, lag, lag_max, age, age_max = last_line(out)
     # The stop drops the requests still queued: the memory holds the frames asked for, give or
     # take the window.
-    assert 1000 <= frames <= 1000 + 4 and 0 <= lag <= lag_max, done[0]
+    assert 1000 <= frames <= 1000 + 4 and 0 <= lag <= lag_max, out[-300:]
+    # Weights handed over every 8 updates (every other call of 4): the players act with
+    # weights 4 or 8 updates old (after each call: always 4).
+    assert 4 < age <= age_max == 8, out[-300:]
     last = [line for line in out.splitlines() if line.startswith('progress:')][-1]
     at, updates = int(last.split()[1]), int(last.split()[4])
     assert abs(updates - (at - 200)) <= 5, last          # one update per frame after the fill

@@ -473,7 +473,7 @@ def test_tune_staleness_help_explains_every_flag():
     for action in actions:
         assert action.help and len(action.help) > 15, f"{action.option_strings} has no real help"
         assert action.option_strings[0] in text
-    assert 'policy lag' in text and 'recommendation' in text
+    assert 'request lag' in text and 'recommendation' in text
 
 
 # ------------------------------------------------------------------------------- the DQN model

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, 'examples'))
 import staleness_learning  # noqa: E402
 
 
-def finished_run(directory, scores, mean_lag, max_lag):
+def finished_run(directory, scores, mean_lag, max_lag, mean_age=1.0, max_age=1, players=4):
     """A run directory as the study's command leaves it: ``log.txt`` and ``returns.csv``;
     ``scores``: (frame, score) rows."""
     os.makedirs(directory)
@@ -23,10 +23,11 @@ def finished_run(directory, scores, mean_lag, max_lag):
         w.writerow(['frames', 'score'])
         w.writerows(scores)
     with open(os.path.join(directory, 'log.txt'), 'w') as f:
-        f.write("DQN (JAX) on MinAtar Breakout: 1000000 frames, seed 0, 4 players (staleness 64), "
-                "cpu learner; filling 5000 frames at random first\n"
-                f"training done: 1000000 frames, 123 games in 2000 s, mean policy lag "
-                f"{mean_lag} updates (max {max_lag})\n")
+        f.write(f"DQN (JAX) on MinAtar Breakout: 1000000 frames, seed 0, {players} players "
+                "(staleness 64), cpu learner; filling 5000 frames at random first\n"
+                f"training done: 1000000 frames, 123 games in 2000 s, mean request lag "
+                f"{mean_lag} updates (max {max_lag}), acting weights' mean age {mean_age} "
+                f"updates (max {max_age})\n")
     return str(directory)
 
 
@@ -66,9 +67,26 @@ def test_a_run_is_added_and_scored_over_its_last_200k_frames(tmp_path, capsys):
     capsys.readouterr()
     staleness_learning.main(['report', '--data', data, '--baseline', base])
     out = capsys.readouterr().out
-    assert '| breakout | 2 seeds | one player, inline | 0 | 8.00 (7.00-9.00) | |' in out
-    assert '| breakout | 0 | 64 | 61.5 (64) | 6.00 (3) | 500 |' in out
-    assert '| breakout | 0 | 64 | 61.5 (64) | 6.00 (3) | 625 |' in out     # the labelled run
+    assert '| breakout | 2 seeds | one player, inline | 1 | 0 | 1 | 8.00 (7.00-9.00) | |' in out
+    assert '| breakout | 0 | 64 | 1 | 61.5 (64) | 1.0 (1) | 6.00 (3) | 500 |' in out
+    assert '| breakout | 0 | 64 | 1 | 61.5 (64) | 1.0 (1) | 6.00 (3) | 625 |' in out  # labelled
+
+
+def test_a_hand_over_run_is_named_and_reported_by_its_weights_age(tmp_path, capsys):
+    data = str(tmp_path / 'data')
+    run = finished_run(tmp_path / 'w10000', [(900_000, 5.0)], 0.0, 0, 5000.5, 10000, players=1)
+    staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '1',
+                             '--weights-every', '10000', '--data', data])
+    rows = staleness_learning.read_table(os.path.join(data, 'runs.csv'))
+    assert [(r['returns'], r['staleness'], r['weights_every'], r['mean_age'], r['max_age'])
+            for r in rows] == [('breakout_w10000_seed1.csv.gz', '', '10000', '5000.5', '10000')]
+    capsys.readouterr()
+    staleness_learning.main(['report', '--data', data, '--baseline', str(tmp_path / 'none')])
+    out = capsys.readouterr().out
+    assert ('| breakout | 1 | one player, inline | 10000 | 0.0 (0) | 5000.5 (10000) | 5.00 (1) '
+            '| 500 |') in out
+    # The window's learning lines are about the request lag: a hand-over run is not one of them.
+    assert staleness_learning.learning_cost(0.0, data, str(tmp_path / 'none')) == []
 
 
 def test_the_learning_cost_names_the_run_of_the_nearest_lag(tmp_path):
@@ -79,9 +97,9 @@ def test_the_learning_cost_names_the_run_of_the_nearest_lag(tmp_path):
                                  '--staleness', str(window), '--env-ms', '2', '--data', data])
     baseline(base, 'breakout', 0, 8.0)
     lines = staleness_learning.learning_cost(700.0, data, base)
-    assert lines == ["  breakout: at a lag of 1000 updates (seed 0) DQN scored 7.50 over 800k-1M "
-                     "frames, against 8.00 (8.00-8.00, 1 seeds) with no lag"]
-    assert 'at a lag of 2 updates' in staleness_learning.learning_cost(0.0, data, base)[0]
+    assert lines == ["  breakout: at a request lag of 1000 updates (seed 0) DQN scored 7.50 over "
+                     "800k-1M frames, against 8.00 (8.00-8.00, 1 seeds) with no lag"]
+    assert 'at a request lag of 2 updates' in staleness_learning.learning_cost(0.0, data, base)[0]
     assert staleness_learning.learning_cost(1.0, str(tmp_path / 'none'), base) == []
 
 
