@@ -54,7 +54,12 @@ the memory lacks at most ``maximum_staleness * num_envs`` of the ``fill + (k - 1
 update_frequency`` (for single-env players: all but at most ``maximum_staleness`` of exactly
 ``fill + (k - 1) * update_frequency`` requests are in the memory). A request that inserts
 fewer than counted (an autoreset row, a partial receive) is made up by the next batch's
-requests: the count is cumulative, the ratio does not drift.
+requests: the count is cumulative, the ratio does not drift. The fill's requests go through the
+same window: when the memory holds ``init_memory_size`` transitions, up to
+``maximum_staleness`` of them may still be pending; they count as the fill's (``fill``
+above), and they play at the fill's exploration after the first batch. A step acts with the
+predictor's weights when it starts, whenever it was requested: the lag a window makes delays
+the step and the exploration its request carries, not the weights.
 
 With ``Sampling(samples_per_insert=)`` instead of ``update_frequency``, a
 :class:`~expreplay.stream.ratelimit.SampleToInsertRatio` decides: before each batch the stream
