@@ -34,7 +34,6 @@ from .exploration import Exploration, ExplorationArg
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
 from .manager import EnvRunnerManager
-from ..interrupts import uninterrupted
 
 if TYPE_CHECKING:
     from ..storage.memory import ReplayMemory
@@ -170,6 +169,8 @@ class Population:
         self.manager: EnvRunnerManager | None = None
         self._first_player: Any = None    # built by check_fits, given to the first runner
         self._closed = False
+        self._starting = False            # a start() has claimed the population
+        # Held for a few bytecodes only (never across user code or a wait), to claim a start.
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ acting settings
@@ -233,22 +234,20 @@ class Population:
         checked here (its observations are, at every step). Raises ValueError naming
         ``shape_arg`` or ``dtype_arg`` (the caller's names for the two settings) and the fix.
         """
-        with self._lock:
-            if self._first_player is None and not self.runners:
-                self._first_player = self.get_player()
-            player = self._first_player
+        player = self._first_player
+        if player is None and not self._starting:
+            # User code, run with no lock held: a Ctrl-C reaches it as anywhere else.
+            player = self._first_player = self.get_player()
         if player is None:
             return
         try:
             check_observation_space(player, state_shape, dtype, shape_arg=shape_arg,
                                     dtype_arg=dtype_arg)
         except ValueError:
-            with self._lock:
-                self._first_player = None     # refused: not kept for a runner
+            self._first_player = None     # refused: not kept for a runner
             _close_quietly(player)
             raise
 
-    @uninterrupted      # a Ctrl-C half-way would leave threads started that close() can't see
     def start(self, memory: ReplayMemory, *, default_staleness: int | None = None) -> None:
         """Build the runners on ``memory`` and their manager; steps nothing.
 
@@ -256,26 +255,38 @@ class Population:
         (the starter's default; a :class:`~expreplay.stream.ReplayStream` passes its own, the
         one place that default is decided). A population with neither is refused
         (ValueError): it has no default of its own.
+
+        An exception on the way (a Ctrl-C in ``get_player()``, an env that fails to build)
+        closes what was built and leaves the population as before the call. The manager's
+        threads are started by a short-lived thread of the population's, so that no
+        KeyboardInterrupt (Python raises it in the main thread only) lands between a thread's
+        start and its recording: :meth:`close` sees every thread started. A :meth:`close`
+        from another thread during the start does not wait for it; the start closes what it
+        built once it sees the population closed.
         """
+        staleness = self.maximum_staleness
+        if staleness is None:
+            if default_staleness is None:
+                raise ValueError("the Population has no maximum_staleness: give it one, or "
+                                 "start(memory, default_staleness=...)")
+            staleness = default_staleness
         with self._lock:
-            if self.runners or self._closed:
+            if self.manager is not None or self._starting or self._closed:
                 raise RuntimeError("the Population is started already (or closed)")
-            staleness = self.maximum_staleness
-            if staleness is None:
-                if default_staleness is None:
-                    raise ValueError("the Population has no maximum_staleness: give it one, or "
-                                     "start(memory, default_staleness=...)")
-                staleness = default_staleness
+            self._starting = True
+        try:
             if self.episode_log_dir is not None:
                 self.episode_log = EpisodeLog(os.path.join(os.fspath(self.episode_log_dir),
                                                            EPISODE_LOG_FILENAME))
             first, self._first_player = self._first_player, None
-            try:
-                self._build(memory, first, staleness)
-            except BaseException:
-                if self.episode_log is not None:
-                    self.episode_log.close()
-                raise
+            self._build(memory, first, staleness)
+        except BaseException:
+            if self.episode_log is not None:
+                self.episode_log.close()
+            self._starting = False
+            raise
+        if self._closed:      # close() ran meanwhile, before the manager was recorded
+            self.close()
 
     def _build(self, memory: ReplayMemory, first: Any, staleness: int) -> None:
         on_end = _Fanout([self.episode_totals, self.episode_log, *self._on_episode_end])
@@ -289,13 +300,20 @@ class Population:
                 runners.append(EnvRunner(player, self._predictor, memory, memory.history_len,
                                          episode_starts=self.episode_starts,
                                          on_episode_end=on_end, **kwargs))
-            self.manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+            if len(runners) == 1:      # steps inline: starts no thread
+                manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+            else:
+                manager = _built_aside(
+                    lambda: EnvRunnerManager(runners, staleness, **self._manager_kwargs),
+                    _close_quietly)
         except BaseException:
             for runner in runners:
                 _close_quietly(runner)
             if first is not None and not runners:
                 _close_quietly(first)
             raise
+        # The manager first: `runners` non-empty means started (check_fits, per_request).
+        self.manager = manager
         self.runners = runners
 
     @property
@@ -373,19 +391,22 @@ class Population:
         return out
 
     # ------------------------------------------------------------------ stopping
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Stop and join every simulator thread and close the players, then the episode log;
         idempotent (a call cut short by a KeyboardInterrupt is finished by the next one). A
-        runner fault not raised yet is raised here."""
-        with self._lock:
-            self._closed = True
-            manager, first = self.manager, self._first_player
-            self._first_player = None
+        runner fault not raised yet is raised here. ``timeout``: seconds to wait for the
+        threads (None: :attr:`close_timeout`); a thread still inside an env or predictor call
+        then is reported and left running (see :class:`~expreplay.EnvRunnerManager`)."""
+        # Single stores and reads, no lock: a close is never held up by a start in progress
+        # (which looks at `_closed` once its manager is recorded, and closes it itself).
+        self._closed = True
+        manager = self.manager
+        first, self._first_player = self._first_player, None
         if first is not None:                 # checked but never started
             _close_quietly(first)
         try:
             if manager is not None:
-                manager.close()               # idempotent, and finishes one cut short
+                manager.close(timeout)        # idempotent, and finishes one cut short
         finally:
             if self.episode_log is not None:
                 self.episode_log.close()      # after the threads: their last records are in it
@@ -474,6 +495,41 @@ def _check_kwargs(kwargs: collections.abc.Mapping[str, Any] | None, name: str, t
                     f"; it takes {', '.join(sorted(accepted))}")
             raise TypeError(f"{name}: {target.__name__} has no argument {key!r}{hint}")
     return dict(kwargs)
+
+
+def _built_aside(build: Callable[[], Any], discard: Callable[[Any], None]) -> Any:
+    """``build()``, run in a thread of its own while this thread waits for it.
+
+    For a constructor that starts threads: Python raises a KeyboardInterrupt in the main
+    thread only, so none can land in ``build()`` between a thread's start and the recording of
+    its owner (a thread nobody could stop). An exception in the wait (the Ctrl-C) is raised at
+    once; the object, once built, is then ``discard``-ed (closed): by this thread if it is
+    built already, else by the building thread when it is done (both may: ``discard`` must
+    be idempotent).
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome['built'] = build()
+        except BaseException as err:
+            outcome['error'] = err
+            return
+        if outcome.get('abandoned'):
+            discard(outcome['built'])
+
+    thread = threading.Thread(target=run, name='Population-start', daemon=True)
+    thread.start()
+    try:
+        thread.join()
+    except BaseException:
+        outcome['abandoned'] = True    # stored before `built` is read: one of us discards it
+        if 'built' in outcome:
+            discard(outcome['built'])
+        raise
+    if 'error' in outcome:
+        raise outcome['error']
+    return outcome['built']
 
 
 def _close_quietly(obj: Any) -> None:

@@ -21,10 +21,19 @@ Rules:
   thread ends at once if it is waiting for room, else when its current ``produce()`` returns
   (what it produced then is dropped). :meth:`join` waits for it. An exception that
   ``produce()`` raises after :meth:`stop` is a consequence of the shutdown and is not kept.
+- The consumer is often the main thread, where a Ctrl-C lands between any two bytecodes. A
+  lock it leaves held would hang the next :meth:`get` and the :meth:`stop` of a close, so
+  its side never enters the condition (``Condition.__enter__`` and ``Condition.wait`` are
+  Python code, with instants where an exception leaves the lock held or released behind the
+  ``with``'s back): it takes the plain lock for a few statements only, with the lock's own
+  ``__enter__``, and blocks outside it on a lock of its own that the thread or :meth:`stop`
+  releases. :meth:`stop` takes the lock with a timeout all the same: held past it (its holds
+  last microseconds), it was left held by a holder cut short, and is taken over.
 """
 
 from __future__ import annotations
 
+import _thread
 import collections
 import contextlib
 import threading
@@ -34,6 +43,10 @@ from typing import Any, Callable
 from .._checks import check_int
 
 __all__ = ['Prefetcher']
+
+# Seconds stop() waits for the lock before taking it over from a holder cut short (every hold
+# is a few statements; the waits release it).
+_LEFT_HELD_AFTER = 1.0
 
 
 class Prefetcher:
@@ -45,6 +58,8 @@ class Prefetcher:
         name (str): the thread's name.
         thread_context (callable, optional): returns a context manager the thread enters
             before its first ``produce()`` (e.g. a TF1 session's ``as_default``).
+        start (bool): start the thread now; False: at :meth:`start` (so that an owner can
+            record the prefetcher before its thread exists, and stop whatever it recorded).
 
     Attributes:
         produced (int): results produced and buffered so far.
@@ -56,15 +71,17 @@ class Prefetcher:
     END = object()   # what get() returns once stopped
 
     def __init__(self, produce: Callable[[], Any], depth: int, *, name: str = 'Prefetcher',
-                 thread_context: Callable[[], contextlib.AbstractContextManager] | None = None
-                 ) -> None:
+                 thread_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+                 start: bool = True) -> None:
         if not callable(produce):
             raise TypeError(f"produce must be callable, got {produce!r}")
         self.depth = check_int(depth, 'depth', 1)
         self._produce = produce
         self._thread_context = thread_context or contextlib.nullcontext
         self._items: collections.deque[Any] = collections.deque()
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)   # the thread's and the watchers' waits
+        self._consumer_wakeup: Any = None   # a waiting get()'s own lock, released to wake it
         self._low = self.depth // 2       # a full buffer is refilled from this level on
         self._producer_waiting = False
         self._watchers = 0                # wait_for / wait_full callers: woken at every change
@@ -77,7 +94,13 @@ class Prefetcher:
         self.waits = 0
         self.wait_time = 0.0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        if start:
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start the thread (built with ``start=False``); does nothing once stopped."""
+        if not self._stopped:
+            self._thread.start()
 
     @property
     def name(self) -> str:
@@ -129,7 +152,8 @@ class Prefetcher:
                             return
                         self._items.append(item)
                         self.produced += 1
-                        if self.consumers_waiting or self._watchers:
+                        self._wake_consumer()
+                        if self._watchers:
                             cond.notify_all()
         except BaseException as err:
             with cond:
@@ -137,43 +161,66 @@ class Prefetcher:
                     err.add_note(f"(raised in the thread {self.name!r}, which works ahead of the "
                                  "consumer)")
                     self._error = err
+                self._wake_consumer()
                 cond.notify_all()
+
+    def _wake_consumer(self) -> None:
+        """Release the waiting get(), if any (lock held)."""
+        wakeup, self._consumer_wakeup = self._consumer_wakeup, None
+        if wakeup is not None:
+            wakeup.release()
 
     # ------------------------------------------------------------------ the consumer
     def get(self) -> Any:
         """The next result, waiting for it if none is ready; :attr:`END` once stopped.
 
-        Raises the exception that stopped the thread (see the module docstring).
+        Raises the exception that stopped the thread (see the module docstring). A
+        KeyboardInterrupt in the wait leaves nothing held (see the module docstring).
         """
-        cond = self._cond
-        with cond:
-            if not self._items and self._error is None and not self._stopped:
-                self.waits += 1
-                self.consumers_waiting += 1
-                start = time.monotonic()
-                if self._watchers:    # whoever watches consumers_waiting
-                    cond.notify_all()
-                try:
-                    while not self._items and self._error is None and not self._stopped:
-                        cond.wait()
-                finally:
+        wakeup = None
+        start = 0.0
+        try:
+            while True:
+                with self._lock:        # the lock's own __enter__, not the condition's
+                    if self._error is not None and not self._stopped:
+                        self._error_raised = True
+                        raise self._error
+                    if self._stopped:
+                        return self.END
+                    if self._items:
+                        return self._take()
+                    if wakeup is None:       # the first time round: this get() waits
+                        wakeup = _thread.allocate_lock()
+                        wakeup.acquire()
+                        self.waits += 1
+                        self.consumers_waiting += 1
+                        start = time.monotonic()
+                        if self._watchers:    # whoever watches consumers_waiting
+                            self._cond.notify_all()
+                    self._consumer_wakeup = wakeup
+                # Outside the lock; released by the thread, a fault or stop(). An interrupted
+                # acquire raises holding nothing: the lock is released or never taken.
+                wakeup.acquire()
+        finally:
+            if wakeup is not None:
+                with self._lock:
+                    if self._consumer_wakeup is wakeup:
+                        self._consumer_wakeup = None
                     self.consumers_waiting -= 1
                     self.wait_time += time.monotonic() - start
-            if self._error is not None and not self._stopped:
-                self._error_raised = True
-                raise self._error
-            if self._stopped:
-                return self.END
-            item = self._items.popleft()
-            self.handed_out += 1
-            refill = self._producer_waiting and len(self._items) <= self._low
-            if refill:
-                # The thread is released now, not when it wakes: until it takes the lock
-                # back, wait_full() must not see it idle while it is about to produce.
-                self._producer_waiting = False
-            if refill or self._watchers:
-                cond.notify_all()     # the thread refills the buffer
-            return item
+
+    def _take(self) -> Any:
+        """Hand out the oldest result (lock held)."""
+        item = self._items.popleft()
+        self.handed_out += 1
+        refill = self._producer_waiting and len(self._items) <= self._low
+        if refill:
+            # The thread is released now, not when it wakes: until it takes the lock
+            # back, wait_full() must not see it idle while it is about to produce.
+            self._producer_waiting = False
+        if refill or self._watchers:
+            self._cond.notify_all()     # the thread refills the buffer
+        return item
 
     def wait_full(self, timeout: float | None = None) -> bool:
         """Wait until the thread waits for room, making nothing (the buffer was full and has
@@ -192,16 +239,25 @@ class Prefetcher:
 
     # ------------------------------------------------------------------ shutdown
     def stop(self) -> None:
-        """Release every waiter (see the module docstring); idempotent, does not wait."""
-        with self._cond:
-            self._stopped = True
+        """Release every waiter (see the module docstring); idempotent, waits for nothing but
+        the lock (see the module docstring for one left held)."""
+        self._stopped = True     # a single store: seen by every thread from now on
+        # Not acquired in time: left held by a holder cut short; this call takes its hold
+        # over, and releases it below (the thread may be waiting for it).
+        self._lock.acquire(timeout=_LEFT_HELD_AFTER)
+        try:
             self._items.clear()
+            self._wake_consumer()
             self._cond.notify_all()
+        finally:
+            self._lock.release()
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the thread (after :meth:`stop`); True when it has ended. A call from the
         prefetch thread itself (``produce`` closing its owner) does not wait."""
         if threading.current_thread() is self._thread:
             return False
+        if self._thread.ident is None:     # never started (stopped first)
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()

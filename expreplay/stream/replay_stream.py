@@ -103,13 +103,13 @@ import logging
 import math
 import os
 import threading
+import time
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from .._checks import check_int
-from ..interrupts import protect_memory, uninterrupted
 from ..stats import ScoreWindow, StreamStats
 from ..storage.memory import ReplayMemory
 from .checkpoint import MemoryCheckpoint
@@ -233,8 +233,18 @@ class ReplayStream:
         self.fill_steps = 0              # step requests made by the initial fill
         self._pacer: Pacer | None = None              # the requests per batch, built by start()
         self._prefetcher: Prefetcher | None = None    # started by the first batches()
-        self._lock = threading.Lock()     # guards start/close against each other
-        self._close_lock = threading.Lock()   # one close() at a time, to its end
+        # No lock is held across user code or a wait, or by close() (a Ctrl-C can land in
+        # the main thread between any two bytecodes, and CPython does not promise that a
+        # `with` block's exit runs after its body: a lock left held would hang the next
+        # close). Start and close coordinate by single stores: each stores its part, then
+        # reads the other's, so one of them always sees the other (see start(), batches()).
+        # Taken without waiting by the start() that starts the population (a test-and-set);
+        # given back if that start fails, so that a later one tries again.
+        self._start_claim = threading.Lock()
+        # One close() at a time, to its end. Reentrant: a close() cut short in this thread
+        # between the acquire and the `with` body leaves it held, and this thread's next
+        # close() still gets in.
+        self._close_lock = threading.RLock()
         self._close_finished = False
         self._close_error: BaseException | None = None
         self._ready = threading.Event()   # set once the initial fill is done (or on close)
@@ -286,15 +296,21 @@ class ReplayStream:
         stream is closed).
         """
         population, sampling = self.population, self.sampling
-        protect_memory()     # a signal handler installed since the memory was built
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the ReplayStream is closed")
-            if population.started:
-                return
+        if self._closed:
+            raise RuntimeError("the ReplayStream is closed")
+        if population.started or not self._start_claim.acquire(blocking=False):
+            return
+        try:
+            # A close() from another thread meanwhile closes the population; its start sees
+            # that and closes what it built (Population.start).
             population.start(self.memory, default_staleness=self.maximum_staleness)
-            if self.prefetch is None:
-                self.prefetch = default_prefetch(population)
+        except BaseException as err:
+            self._start_claim.release()    # not started: a later start() tries again
+            if self._closed and isinstance(err, Exception):   # closed under it: not a fault
+                return
+            raise
+        if self.prefetch is None:
+            self.prefetch = default_prefetch(population)
         limiter = self.rate_limiter = sampling.rate_limiter(population.per_request)
         try:
             self.fill_steps = fill_memory(
@@ -309,11 +325,9 @@ class ReplayStream:
             if self._closed:    # close() from another thread stopped the manager under us
                 return
             raise
-        with self._lock:
-            if self._closed:
-                return
-            self._pacer = pacer
-        self._ready.set()
+        self._pacer = pacer
+        if not self._closed:
+            self._ready.set()
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the initial fill is done or the stream is closed; True if ready."""
@@ -335,16 +349,18 @@ class ReplayStream:
         """Stop and join the prefetch thread and every simulator thread, then save the memory
         if a checkpoint is set.
 
-        Idempotent and finishing: once a call has completed, later ones return at once. A
-        Ctrl-C or SIGTERM handler in the main thread waits until the call is done (see
-        :mod:`expreplay.interrupts`: at most the population's ``close_timeout`` for a player
-        stuck in an env call, plus the save), so a second signal can not skip the save; a
-        call cut short all the same (another exception) leaves the work to the next call,
-        which does it all again (stopping what is stopped is free) and saves. Any thread may
-        call it: an iteration in another thread ends (see "Prefetch" in the module
-        docstring); a second caller waits for the first. A runner or prefetch fault that no
-        ``next()`` raised yet is raised here, after the threads are stopped and the memory is
-        saved.
+        Idempotent and finishing: once a call has completed, later ones return at once. The
+        threads get the population's ``close_timeout`` in all (one deadline for every wait):
+        a thread still inside an env or predictor call then is reported (RuntimeWarning) and
+        left running as a daemon; then the memory is saved. A call cut short (a second
+        Ctrl-C, any exception) leaves the rest to the next call, which does every part again
+        (stopping what is stopped is free) and saves; a save cut short leaves the previous
+        checkpoint (saves are written aside and renamed). To keep a second Ctrl-C from
+        cutting the save short at all, run the script's body in
+        :func:`~expreplay.interrupts.stop_on_signals`. Any thread may call it: an iteration in
+        another thread ends (see "Prefetch" in the module docstring); a second caller waits
+        for the first. A runner or prefetch fault that no ``next()`` raised yet is raised
+        here, after the threads are stopped and the memory is saved.
         """
         with self._close_lock:
             if not self._close_finished:
@@ -354,33 +370,34 @@ class ReplayStream:
                 if error is not None:
                     raise error
 
-    @uninterrupted     # a second Ctrl-C waits: the threads are joined and the memory saved
     def _close(self, save: bool) -> None:
         """:meth:`close`'s work; each part may run again after an interrupted call."""
-        protect_memory()      # a handler installed since the start: its signal waits for the save
-        with self._lock:
-            self._closed = True
-            prefetcher = self._prefetcher
+        self._closed = True      # stored before the prefetcher is read (see batches())
+        prefetcher = self._prefetcher
         self._ready.set()   # wakes anyone in wait_ready(), who then sees `closed`
         population = self.population
         close_timeout = population.close_timeout
-        timeout = None if math.isinf(close_timeout) else close_timeout
+        deadline = None if math.isinf(close_timeout) else time.monotonic() + close_timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         if prefetcher is not None:
             prefetcher.stop()
             if population.inline:
                 # The prefetch thread does the env calls itself: let it finish the one it is
-                # in before the runner is closed under it.
-                prefetcher.join(timeout)
+                # in before the runner is closed under it (within the one deadline).
+                prefetcher.join(left())
         error: BaseException | None = None
         try:
-            population.close()
+            population.close(left())
         except Exception as err:   # re-raised below, once the memory is safe
             error = err
         if prefetcher is not None:
-            if not prefetcher.join(timeout):
+            if not prefetcher.join(left()):
                 warnings.warn(f"ReplayStream.close: {prefetcher.name} still running after "
-                              f"{timeout} s (inside an env or predictor call); left as a daemon "
-                              "thread", RuntimeWarning, stacklevel=2)
+                              f"{close_timeout} s (inside an env or predictor call); left as a "
+                              "daemon thread", RuntimeWarning, stacklevel=3)
             if error is None:
                 error = prefetcher.unraised_error()
         if save and self.checkpoint is not None:
@@ -417,21 +434,26 @@ class ReplayStream:
         The first call starts the prefetch thread; empty once the stream is closed. One
         consumer at a time.
         """
-        with self._lock:
+        if self._closed:
+            return iter(())
+        if self._pacer is None:
+            raise RuntimeError("the ReplayStream is not started: call start()")
+        if not self.prefetch:
+            return _drawn_here(self._drawer(), lambda: self._closed)
+        prefetcher = self._prefetcher
+        if prefetcher is None:
+            # With one player the env steps and the predictor run in the drawing thread:
+            # it enters the manager's thread_context, as the manager's threads do. Recorded
+            # before its thread starts, and `_closed` read after: a close() either sees the
+            # prefetcher (and stops it) or is seen here (and it never starts).
+            prefetcher = self._prefetcher = Prefetcher(
+                self._drawer(), self.prefetch, name='ReplayStream-prefetch',
+                thread_context=self.population.thread_context, start=False)
             if self._closed:
+                prefetcher.stop()
                 return iter(())
-            if self._pacer is None:
-                raise RuntimeError("the ReplayStream is not started: call start()")
-            if not self.prefetch:
-                return _drawn_here(self._drawer(), lambda: self._closed)
-            if self._prefetcher is None:
-                # With one player the env steps and the predictor run in the drawing thread:
-                # it enters the manager's thread_context, as the manager's threads do.
-                self._prefetcher = Prefetcher(self._drawer(), self.prefetch,
-                                              name='ReplayStream-prefetch',
-                                              thread_context=self.population.thread_context)
-            return _handed_out(self._prefetcher)
-
+            prefetcher.start()
+        return _handed_out(prefetcher)
 
     def _drawer(self) -> Callable[[], Batch]:
         """The batches' maker: the requests due before the next batch (see the module
