@@ -6,13 +6,17 @@
  * writer's cursors, does the common case in one call: a single lane's step (its arguments'
  * checks included) or episode start, or a step of many lanes none of which ends its episode.
  *
- * It is the ring's delegated implementation: only BlockRing.kernel_step / kernel_start /
- * kernel_steps call it, under the ring's lock, and it writes exactly what BlockRing.append /
- * start would. It handles only the common case and changes nothing (returns -1) when a lane
- * needs more: its block is full, its current slot lies near a block start where the previous
- * block may be gone (I3/I5 of ring.py), an argument is not of the exact kind it takes, or a
- * reward is not a finite float32. The numpy path then runs, which handles everything and is
- * the reference this kernel is tested against.
+ * It is the ring's delegated implementation (BlockRing.bind_kernel) and writes exactly what
+ * BlockRing.append / start would, the ring's counts and its distribution's queue of published
+ * slots included. Each call takes the ring's lock and releases it here, in C: no Python code
+ * runs between the two, so no exception (a signal's KeyboardInterrupt) can land part-way and
+ * leave the tables half-written or the lock held. It handles only the common case and changes
+ * nothing (returns -1) when a lane needs more: its block is full, its current slot lies near a
+ * block start where the previous block may be gone (I3/I5 of ring.py), an argument is not of
+ * the exact kind it takes, a reward is not a finite float32, the queue of published slots is
+ * full, or the ring's journal holds a write an exception cut short (the Python path finishes
+ * it first). The numpy path then runs, which handles everything and is the reference this
+ * kernel is tested against.
  *
  * Plain CPython C API + buffer protocol (no numpy headers).
  */
@@ -71,6 +75,11 @@ typedef struct {
     PyObject_HEAD
     Py_buffer b[S_NBUF];
     int ok[S_NBUF];
+    PyObject *acquire, *release;   /* the ring's lock's bound methods */
+    Py_buffer journal, counts;     /* uint8[1]: a write is pending; int64[2]: valid, written */
+    int journal_ok, counts_ok;
+    PyObject *published;           /* the distribution's queue of published slots, or NULL */
+    Py_ssize_t publish_limit;
     Py_ssize_t fb, h, bs, nslots, nblocks, nlanes;
     char format[8];           /* the frames' buffer format ("" : no one-step fast path) */
     int ndim;
@@ -82,21 +91,51 @@ static void Store_dealloc(StoreObject *st)
     for (int i = 0; i < S_NBUF; i++)
         if (st->ok[i])
             PyBuffer_Release(&st->b[i]);
+    if (st->journal_ok)
+        PyBuffer_Release(&st->journal);
+    if (st->counts_ok)
+        PyBuffer_Release(&st->counts);
+    Py_XDECREF(st->acquire);
+    Py_XDECREF(st->release);
+    Py_XDECREF(st->published);
     Py_TYPE(st)->tp_free((PyObject *)st);
 }
 
 static int Store_init(StoreObject *st, PyObject *args, PyObject *kw)
 {
-    PyObject *mem, *wri, *shape;
+    PyObject *mem, *wri, *shape, *lock, *journal, *counts, *published;
     const char *format;
     (void)kw;
     if (st->ok[0]) {
         PyErr_SetString(PyExc_TypeError, "Store is initialised once");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O!O!sO!nn:Store", &PyTuple_Type, &mem, &PyTuple_Type, &wri,
-                          &format, &PyTuple_Type, &shape, &st->h, &st->bs))
+    if (!PyArg_ParseTuple(args, "O!O!sO!nn(OOOOn):Store", &PyTuple_Type, &mem, &PyTuple_Type,
+                          &wri, &format, &PyTuple_Type, &shape, &st->h, &st->bs, &lock, &journal,
+                          &counts, &published, &st->publish_limit))
         return -1;
+    st->acquire = PyObject_GetAttrString(lock, "acquire");
+    st->release = PyObject_GetAttrString(lock, "release");
+    if (!st->acquire || !st->release)
+        return -1;
+    if (PyObject_GetBuffer(journal, &st->journal, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return -1;
+    st->journal_ok = 1;
+    if (PyObject_GetBuffer(counts, &st->counts, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0)
+        return -1;
+    st->counts_ok = 1;
+    if (st->journal.len != 1 || st->counts.len != 16 || st->counts.itemsize != 8) {
+        PyErr_SetString(PyExc_ValueError, "Store: a 1-byte journal flag and 2 int64 counts");
+        return -1;
+    }
+    if (published != Py_None) {
+        if (!PyList_CheckExact(published)) {
+            PyErr_SetString(PyExc_TypeError, "Store: the published slots are a list or None");
+            return -1;
+        }
+        Py_INCREF(published);
+        st->published = published;
+    }
     if (PyTuple_GET_SIZE(mem) != N_MEM_TABLES || PyTuple_GET_SIZE(wri) != N_WRITER_TABLES) {
         PyErr_SetString(PyExc_ValueError, "Store: 9 ring tables and 7 writer tables");
         return -1;
@@ -164,6 +203,60 @@ static int exact_frame(StoreObject *st, PyObject *obj, Py_buffer *view)
     return ok;
 }
 
+/* The ring's lock, taken and given back around each write (0, or -1 with an exception set:
+ * an interrupted wait for the lock raises there, before anything is written). */
+static int lock_ring(StoreObject *st)
+{
+    PyObject *r = PyObject_CallNoArgs(st->acquire);
+    if (!r)
+        return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+static PyObject *unlock_ring(StoreObject *st, PyObject *result)
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);     /* the write's own error, if any, raised after */
+    PyObject *r = PyObject_CallNoArgs(st->release);
+    if (!r) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_XDECREF(result);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyErr_Restore(type, value, tb);
+    return result;
+}
+
+static PyObject *step_locked(StoreObject *st, PyObject *frame, int32_t action, float reward,
+                             uint8_t ends);
+static PyObject *start_locked(StoreObject *st, PyObject *frame);
+
+/* Whether a write may go ahead: no write cut short pending in the journal, and room in the
+ * queue of published slots for `n` more. */
+static int may_write(StoreObject *st, Py_ssize_t n)
+{
+    if (((const uint8_t *)st->journal.buf)[0])
+        return 0;
+    return !st->published || PyList_GET_SIZE(st->published) + n < st->publish_limit;
+}
+
+/* Append `slot` to the queue of published slots (when the distribution keeps one). */
+static int publish(StoreObject *st, int64_t slot)
+{
+    if (!st->published)
+        return 0;
+    PyObject *v = PyLong_FromLongLong(slot);
+    if (!v)
+        return -1;
+    int r = PyList_Append(st->published, v);
+    Py_DECREF(v);
+    return r;
+}
+
 PyDoc_STRVAR(store_step_doc,
 "step(action, reward, frame, terminated, truncated) -> the slot the step was taken from, or -1\n\n"
 "LaneWriter.add_step's common case for lane 0: an int action within int32, a float reward (or\n"
@@ -201,6 +294,16 @@ static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t n
     }
     if (!(fabs(reward) <= FLT_MAX))
         return PyLong_FromLong(-1);
+    if (lock_ring(st) < 0)
+        return NULL;
+    return unlock_ring(st, step_locked(st, args[2], (int32_t)action, (float)reward, ends));
+}
+
+static PyObject *step_locked(StoreObject *st, PyObject *frame, int32_t action, float reward,
+                             uint8_t ends)
+{
+    if (!may_write(st, 1))
+        return PyLong_FromLong(-1);
     int64_t *next = st->b[S_NEXT].buf, *cur = st->b[S_CUR].buf, *ep = st->b[S_EP].buf;
     int64_t *off = st->b[S_OFF].buf, *safe = st->b[S_SAFE].buf;
     const int64_t *block = st->b[S_BLOCK].buf;
@@ -220,17 +323,23 @@ static PyObject *Store_step(StoreObject *st, PyObject *const *args, Py_ssize_t n
             return PyLong_FromLong(-1);
     }
     Py_buffer view;
-    if (!exact_frame(st, args[2], &view))
+    if (!exact_frame(st, frame, &view))
         return PyLong_FromLong(-1);
+    if (publish(st, from) < 0) {      /* before any store: a failure changes nothing */
+        PyBuffer_Release(&view);
+        return NULL;
+    }
     uint8_t *flags = st->b[S_FLAGS].buf;
     memcpy((uint8_t *)st->b[S_FRAMES].buf + slot * st->fb, view.buf, st->fb);
     PyBuffer_Release(&view);
     ((int32_t *)st->b[S_EPSTEP].buf)[slot] = (int32_t)(ep[0] + 1);
     flags[slot] = 0;
     ((int64_t *)st->b[S_FILL].buf)[block[0]] += 1;
-    ((int32_t *)st->b[S_ACTION].buf)[from] = (int32_t)action;
-    ((float *)st->b[S_REWARD].buf)[from] = (float)reward;
+    ((int32_t *)st->b[S_ACTION].buf)[from] = action;
+    ((float *)st->b[S_REWARD].buf)[from] = reward;
     flags[from] = HAS_ACTION_VALID | ends;   /* TERMINATED 2, TRUNCATED 4: ring.py's _slots */
+    ((int64_t *)st->counts.buf)[0] += 1;
+    ((int64_t *)st->counts.buf)[1] += 1;
     next[0] = slot + 1;
     cur[0] = ends ? -1 : slot;               /* an ended episode: the lane is closed */
     ep[0] += 1;
@@ -251,6 +360,15 @@ static PyObject *Store_start(StoreObject *st, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "start takes 1 argument");
         return NULL;
     }
+    if (lock_ring(st) < 0)
+        return NULL;
+    return unlock_ring(st, start_locked(st, args[0]));
+}
+
+static PyObject *start_locked(StoreObject *st, PyObject *frame)
+{
+    if (!may_write(st, 0))
+        return PyLong_FromLong(-1);
     int64_t *next = st->b[S_NEXT].buf, *cur = st->b[S_CUR].buf, *ep = st->b[S_EP].buf;
     int64_t *off = st->b[S_OFF].buf, *safe = st->b[S_SAFE].buf;
     const int64_t *block = st->b[S_BLOCK].buf;
@@ -259,7 +377,7 @@ static PyObject *Store_start(StoreObject *st, PyObject *const *args, Py_ssize_t 
         || slot >= (block[0] + 1) * bs)
         return PyLong_FromLong(-1);
     Py_buffer view;
-    if (!exact_frame(st, args[0], &view))
+    if (!exact_frame(st, frame, &view))
         return PyLong_FromLong(-1);
     memcpy((uint8_t *)st->b[S_FRAMES].buf + slot * st->fb, view.buf, st->fb);
     PyBuffer_Release(&view);
@@ -311,7 +429,11 @@ static PyObject *Store_steps(StoreObject *st, PyObject *const *args, Py_ssize_t 
     float *m_reward = st->b[S_REWARD].buf;
     int64_t *m_fill = st->b[S_FILL].buf;
     const Py_ssize_t h = st->h, bs = st->bs, fb = st->fb, nlanes = st->nlanes;
-    if (*safe <= 0)
+    if (lock_ring(st) < 0) {
+        release(a, 6);
+        return NULL;
+    }
+    if (*safe <= 0 || !may_write(st, n))
         goto decline;
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t l = lanes[j];
@@ -320,6 +442,14 @@ static PyObject *Store_steps(StoreObject *st, PyObject *const *args, Py_ssize_t 
             || w_cur[l] >= st->nslots || !(fabs(rewards[j]) <= FLT_MAX)
             || actions[j] < INT32_MIN || actions[j] > INT32_MAX)
             goto decline;
+    }
+    if (st->published) {      /* before any store: a failure changes no table */
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (publish(st, w_cur[lanes[j]]) < 0) {
+                release(a, 6);
+                return unlock_ring(st, NULL);
+            }
+        }
     }
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t l = lanes[j], slot = w_next[l], cur = w_cur[l];
@@ -335,12 +465,14 @@ static PyObject *Store_steps(StoreObject *st, PyObject *const *args, Py_ssize_t 
         w_ep[l] += 1;
         w_off[l] += 1;
     }
+    ((int64_t *)st->counts.buf)[0] += n;
+    ((int64_t *)st->counts.buf)[1] += n;
     *safe -= 1;
     release(a, 6);
-    return PyLong_FromSsize_t(n);
+    return unlock_ring(st, PyLong_FromSsize_t(n));
 decline:
     release(a, 6);
-    return PyLong_FromLong(-1);
+    return unlock_ring(st, PyLong_FromLong(-1));
 }
 
 static PyMethodDef store_methods[] = {

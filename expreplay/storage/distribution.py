@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .. import _kernels
+from ._guard import WriteGuard
 from ._slots import _VALID
 from .priority import PriorityIndex
 
@@ -75,15 +76,26 @@ class SamplingDistribution(abc.ABC):
     def stale_updates(self) -> int:
         """:meth:`update` entries skipped so far because their slot was evicted or rewritten."""
 
-    @abc.abstractmethod
-    def reset(self, flags: np.ndarray) -> None:
-        """Forget everything: the ring's tables are new (nothing written). ``flags`` is the
-        ring's slot-flag table (one per slot), which a distribution may keep to read VALID."""
+    #: The list the ring's C write kernel appends the slots it publishes to (None: it need
+    #: not tell), and the length at which it declines, leaving the step to the numpy path.
+    published: list[int] | None = None
+    publish_limit: int = 0
 
     @abc.abstractmethod
-    def on_publish(self, slots: int | np.ndarray | None) -> None:
-        """Steps taken from ``slots`` (an int, an int array, or None when
-        :attr:`tracks_slots` is False) became VALID."""
+    def reset(self, flags: np.ndarray, guard: WriteGuard) -> None:
+        """Forget everything: the ring's tables are new (nothing written). ``flags`` is the
+        ring's slot-flag table (one per slot), which a distribution may keep to read VALID;
+        ``guard`` the ring's lock, whose journal its own writes go through."""
+
+    @abc.abstractmethod
+    def prepare_publish(self, slots: np.ndarray) -> Any:
+        """What :meth:`on_publish` stores for steps taken from ``slots`` (an int array) that
+        become VALID in the write being prepared. Under the lock, before that write commits."""
+
+    @abc.abstractmethod
+    def on_publish(self, publication: Any) -> None:
+        """Store :meth:`prepare_publish`'s ``publication`` (inside the write's commit: done
+        twice, it is done once)."""
 
     @abc.abstractmethod
     def on_evict(self, lo: int, hi: int, invalidated: np.ndarray | None) -> None:
@@ -148,10 +160,13 @@ class UniformDistribution(SamplingDistribution):
     def stale_updates(self) -> int:
         return 0
 
-    def reset(self, flags: np.ndarray) -> None:
+    def reset(self, flags: np.ndarray, guard: WriteGuard) -> None:
         pass
 
-    def on_publish(self, slots: int | np.ndarray | None) -> None:
+    def prepare_publish(self, slots: np.ndarray) -> None:
+        return None
+
+    def on_publish(self, publication: None) -> None:
         pass
 
     def on_evict(self, lo: int, hi: int, invalidated: np.ndarray | None) -> None:
@@ -205,6 +220,10 @@ class PrioritizedDistribution(SamplingDistribution):
         # one after a failed load), taken once, here, with the memory (expreplay._kernels):
         # the memory keeps the path it was built with.
         self._tree_ext = _kernels.get('_tree_ext')
+        # One list for the life of the distribution (the C write kernels hold it): the steps
+        # published since the last flush of whichever index is current.
+        self.published = []
+        self.publish_limit = PriorityIndex.FLUSH_AT
 
     @property
     def priorities(self) -> PriorityIndex:
@@ -218,15 +237,19 @@ class PrioritizedDistribution(SamplingDistribution):
     def stale_updates(self) -> int:
         return self._index.stale_updates
 
-    def reset(self, flags: np.ndarray) -> None:
+    def reset(self, flags: np.ndarray, guard: WriteGuard) -> None:
         # A new index rather than a cleared one: PriorityIndex refuses an eps too large for
         # the slot count when it is built, which is when the memory is built.
+        self.published.clear()
         self._index = PriorityIndex(len(flags), self.alpha, self.eps, flags, _VALID,
-                                    kernel=self._tree_ext)
+                                    kernel=self._tree_ext, pending=self.published, guard=guard)
         self._flags = flags
 
-    def on_publish(self, slots: int | np.ndarray | None) -> None:
-        self._index.on_publish(slots)     # type: ignore[arg-type]   # never None: tracks_slots
+    def prepare_publish(self, slots: np.ndarray) -> tuple[int, list[int]]:
+        return self._index.prepare_publish(slots)
+
+    def on_publish(self, publication: tuple[int, list[int]]) -> None:
+        self._index.on_publish(publication)
 
     def on_evict(self, lo: int, hi: int, invalidated: np.ndarray | None) -> None:
         self._index.on_evict(lo, hi, invalidated)

@@ -34,7 +34,6 @@ from .._checks import (check_allocatable, check_bool, check_choice, check_dtype,
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
-from ..interrupts import protect_memory
 from .distribution import PrioritizedDistribution, SamplingDistribution, UniformDistribution
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
@@ -127,9 +126,6 @@ class ReplayMemory:
         self.sampler = Sampler(self.ring)
         self._rng = np.random.default_rng()
         self._appender: TensorpackAppender | None = None
-        # A Ctrl-C in the main thread, which may write or save this memory, waits until the
-        # memory's call returns (expreplay.interrupts): the tables never half-written.
-        protect_memory()
 
     def _check_allocatable(self, extra: Mapping[str, np.dtype],
                            distribution: SamplingDistribution) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .. import _kernels
+from ._guard import WriteGuard
 
 __all__ = ['SumMinTree', 'PriorityIndex']
 
@@ -147,6 +148,11 @@ class SumMinTree:
             self._sum[level][idx] = add(self._sum_rows[level + 1][idx], axis=1)
             self._min[level][idx] = minimum(self._min_rows[level + 1][idx], axis=1)
 
+    @property
+    def has_kernel(self) -> bool:
+        """Whether this tree runs the C kernel."""
+        return self._ext is not None
+
     def update_live(self, tokens: np.ndarray, values: np.ndarray, raw: np.ndarray,
                     block_gen: np.ndarray, flags: np.ndarray, block_size: int,
                     valid_bit: int) -> tuple[int, float] | None:
@@ -216,8 +222,12 @@ class PriorityIndex:
     FLUSH_AT = 65536
 
     def __init__(self, num_slots: int, alpha: float, eps: float, flags: np.ndarray,
-                 valid_bit: int, *, kernel: Any = _AT_BUILD) -> None:
+                 valid_bit: int, *, kernel: Any = _AT_BUILD, pending: list[int] | None = None,
+                 guard: WriteGuard | None = None) -> None:
         self.tree = SumMinTree(num_slots, kernel=kernel)    # kernel: as SumMinTree's
+        # The memory's lock: its journal makes each change of this index one (a flush, an
+        # update); an index of its own (a test's) gets a guard of its own.
+        self._guard = WriteGuard() if guard is None else guard
         self._flags, self._valid_bit = flags, valid_bit   # the memory's slot flags (VALID)
         self.alpha = float(alpha)
         self.eps = float(eps)
@@ -232,7 +242,10 @@ class PriorityIndex:
                 f"at most {self.max_value:.4g} so that the priority tree's sums stay finite; "
                 f"got {eps!r}")
         self.max_priority = 1.0      # raw priority (before eps and alpha), as in Schaul et al.
-        self._pending: list[int] = []
+        # Slots published and not yet in the tree, in the order they came (repeats kept); the
+        # memory's C write kernel appends to the same list.
+        self._pending: list[int] = [] if pending is None else pending
+        self._pending.clear()
         self.stale_updates = 0       # update_priorities entries skipped: slot evicted/rewritten
 
     def _raw_bound(self):
@@ -290,24 +303,41 @@ class PriorityIndex:
         ``block_gen`` is the token's, and it is VALID); the last of repeated slots wins.
         Returns the count skipped (added to :attr:`stale_updates`). Under the memory's lock,
         after :meth:`flush`."""
-        values = (priorities + self.eps) ** self.alpha
-        done = self.tree.update_live(tokens, values, priorities, block_gen, self._flags,
-                                     block_size, self._valid_bit)
-        if done is not None:
-            stale, top = done
-            self.max_priority = max(self.max_priority, top)
-        else:
-            stale = self._update_numpy(tokens, values, priorities, block_gen, block_size)
-        self.stale_updates += stale
-        return stale
-
-    def _update_numpy(self, tokens, values, priorities, block_gen, block_size):
         slots, gen = np.divmod(tokens, self.tree.capacity)[::-1]
         current = block_gen[slots // block_size]
         if tokens.size and (gen > current).any():
             raise ValueError("indices must come from sample(): an index names a slot "
                              "generation this memory has not written")
-        live = (gen == current) & ((self._flags[slots] & self._valid_bit) != 0)
+        values = (priorities + self.eps) ** self.alpha
+        if self.tree.has_kernel:
+            live = None
+        else:
+            live = self._live_last(slots, gen == current, values, priorities)
+        result: list[int] = []
+        self._guard.commit(self._updated, tokens, values, priorities, block_gen, block_size,
+                           live, self.max_priority, self.stale_updates, result)
+        return result[0]
+
+    def _updated(self, tokens, values, priorities, block_gen, block_size, live, max0, stale0,
+                 result):
+        """:meth:`update`'s stores: the tree's leaves, the running maximum and the stale
+        count, each from values taken before (``max0``, ``stale0``); the skipped count goes
+        to ``result``."""
+        if live is None:
+            stale, top = self.tree.update_live(tokens, values, priorities, block_gen,
+                                               self._flags, block_size, self._valid_bit)
+        else:
+            stale, slots, values, top = live
+            if len(slots):
+                self.tree.set(slots, values)
+        self.max_priority = max(max0, top)
+        self.stale_updates = stale0 + stale
+        result[:] = [stale]
+
+    def _live_last(self, slots, same_gen, values, priorities):
+        """The numpy path's plan of an update: (skipped count, the live slots with the last
+        of repeated ones, their tree values, the largest raw priority among them)."""
+        live = same_gen & ((self._flags[slots] & self._valid_bit) != 0)
         stale = len(slots) - int(np.count_nonzero(live))
         if stale:
             slots, values, priorities = slots[live], values[live], priorities[live]
@@ -322,10 +352,8 @@ class PriorityIndex:
             if not last.all():
                 order = order[last]
                 slots, values, priorities = slots[order], values[order], priorities[order]
-        if len(slots):
-            self.max_priority = max(self.max_priority, float(priorities.max()))
-            self.tree.set(slots, values)
-        return stale
+        top = float(priorities.max()) if len(slots) else -math.inf
+        return stale, slots, values, top
 
     # -- exported state (a checkpoint's; the leaves are the ring's ``priority`` table)
     @property
@@ -354,14 +382,20 @@ class PriorityIndex:
         return np.array(self._pending, np.int64)
 
     # -- hooks called by the memory's write path (under its lock)
-    def on_publish(self, slots: int | np.ndarray) -> None:
-        """Steps from ``slots`` (an int or an int array) became sampleable."""
-        if isinstance(slots, (int, np.integer)):
-            self._pending.append(int(slots))
-        else:
-            self._pending.extend(np.asarray(slots).ravel().tolist())
-        if len(self._pending) >= self.FLUSH_AT:
+    def prepare_publish(self, slots: np.ndarray) -> tuple[int, list[int]]:
+        """What :meth:`on_publish` stores for steps from ``slots`` (an int array) that become
+        sampleable: where they go in the queue, and them. Enters the queue into the tree
+        first when it is full, so that a memory nobody samples from does not queue without
+        bound."""
+        if len(self._pending) + len(slots) >= self.FLUSH_AT:
             self.flush()
+        return len(self._pending), np.asarray(slots).ravel().tolist()
+
+    def on_publish(self, publication: tuple[int, list[int]]) -> None:
+        """Queue the steps of a :meth:`prepare_publish` (a store at a fixed place in the
+        queue: done twice, it is done once)."""
+        at, slots = publication
+        self._pending[at:] = slots
 
     def on_evict(self, lo: int, hi: int, invalidated: np.ndarray | None = None) -> None:
         """Slots ``lo .. hi - 1`` (an evicted block) and ``invalidated`` (an int array of
@@ -377,10 +411,14 @@ class PriorityIndex:
         if not self._pending:
             return
         slots = np.unique(np.array(self._pending, np.int64))
-        self._pending = []
         value = (self.max_priority + self.eps) ** self.alpha
         valid = (self._flags[slots] & self._valid_bit) != 0
-        self.tree.set(slots, np.where(valid, value, 0.0))
+        self._guard.commit(self._flushed, slots, np.where(valid, value, 0.0))
+
+    def _flushed(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """:meth:`flush`'s stores: the queue is emptied in place (the C kernel holds it)."""
+        self.tree.set(slots, values)
+        self._pending.clear()
 
     def draw(self, n: int, rng: Any) -> np.ndarray:
         """``n`` slots drawn with probability proportional to the tree's values."""

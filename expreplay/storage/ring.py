@@ -70,19 +70,28 @@ writers built inside it).
 from __future__ import annotations
 
 import collections
-import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ._block_queue import BlockQueue
 from ._checkpoint_checks import validate
+from ._guard import WriteGuard
 from ._slots import _ACTIVE, _FREE, _RETIRED, _VALID
 from .distribution import SamplingDistribution
 from .priority import PriorityIndex
 
 
-__all__ = ['BlockRing', 'TABLES', 'EXTRA_PREFIX']
+__all__ = ['BlockRing', 'TABLES', 'EXTRA_PREFIX', 'Stores']
+
+#: A writer's part of a ring write: ``(array, index, value)`` stores of its cursors.
+Stores = Sequence[tuple[np.ndarray, Any, Any]]
+
+
+def _store(stores: Stores) -> None:
+    for array, index, value in stores:
+        array[index] = value
 
 # The tables :meth:`BlockRing.state` exports, name (the ring's attribute) -> kind: ``block``
 # tables have a row per block, ``queue`` ones are the free list and the eviction FIFO (block
@@ -155,10 +164,8 @@ class BlockRing(_LaneGeometry):
     """
 
     # Set by _set_new (at construction, and by a load that failed).
-    free: collections.deque[int]
-    retired: collections.deque[int]
-    num_valid: int
-    num_steps_written: int
+    free: BlockQueue
+    retired: BlockQueue
 
     def __init__(self, num_blocks: int, block_size: int, history_len: int,
                  state_shape: tuple[int, ...], dtype: np.dtype,
@@ -185,9 +192,22 @@ class BlockRing(_LaneGeometry):
         self.block_gen = np.empty(num_blocks, np.int64)      # +1 at every claim
         # Block arrays of writers collected unclosed (queued by their finalizers, lock-free).
         self.abandoned: collections.deque[np.ndarray] = collections.deque()
+        #: ``num_valid`` and ``num_steps_written``: one array, so that the C kernel counts too.
+        self.counts = np.zeros(2, np.int64)
+        #: The lock, and the journal that makes each write one (the module docstring).
+        self.lock = WriteGuard()
         self.distribution = distribution
-        self._set_new()   # free, retired, num_valid, num_steps_written, the distribution's state
-        self.lock = threading.Lock()
+        self._set_new()   # free, retired, the counts, the distribution's state
+
+    @property
+    def num_valid(self) -> int:
+        """The number of VALID slots (I3)."""
+        return int(self.counts[0])
+
+    @property
+    def num_steps_written(self) -> int:
+        """All steps ever added, for statistics."""
+        return int(self.counts[1])
 
     @property
     def extra_fields(self) -> dict[str, np.dtype]:
@@ -201,62 +221,95 @@ class BlockRing(_LaneGeometry):
         return self.distribution.priorities
 
     # ------------------------------------------------------------------ writing (writers)
-    def reserve(self, prev_block: int) -> int:
+    # Every write below prepares the values it stores (reading the tables under the lock,
+    # changing nothing), then commits them as one (``self.lock.commit``: the module docstring).
+    # ``owner`` is the writer's part of the same write: (array, index, value) stores of its
+    # cursors, so that a write cut short never leaves the tables and the writer disagreeing.
+
+    def reserve(self, prev_block: int, owner: Callable[[int], Stores]) -> int:
         """A new active block for a writer's lane, linked after ``prev_block`` (-1: a new
-        lane), which retires. Evicts the oldest retired block when no block is free (I6).
-        Takes the lock. Raises RuntimeError when every block is held by a writer."""
+        lane), which retires; ``owner(block)``: the writer's cursor stores that record the
+        block as its lane's (committed with it). Evicts the oldest retired block when no block
+        is free (I6). Takes the lock. Raises RuntimeError when every block is held by a
+        writer."""
         with self.lock:
             while self.abandoned:
-                self._retire_active(self.abandoned.popleft())
+                # Retired before it leaves the queue: a cut short retire is done again.
+                self._retire_active(self.abandoned[0])
+                self.abandoned.popleft()
+            eviction = None
             if self.free:
-                block = self.free.popleft()
+                block = self.free.first()
             elif self.retired:
-                block = self.retired.popleft()
-                self._evict(block)
+                block = self.retired.first()
+                eviction = self._plan_eviction(block)
             else:
                 raise RuntimeError(
                     f"all {self.num_blocks} blocks of the replay memory are held by writers: too "
                     f"many writers for {self.num_slots} slots with block_size={self.block_size}; "
                     "use a smaller block_size or fewer writers")
-            # Retire the writer's full block only now, so that it can not be handed straight back.
-            if prev_block >= 0:
-                self._retire(prev_block)
-                self.block_next[prev_block] = block
-            self.block_state[block] = _ACTIVE
-            self.block_gen[block] += 1
-            self.block_fill[block] = 0
-            self.block_prev[block] = prev_block
-            self.block_next[block] = -1
-            self.block_prev_intact[block] = prev_block >= 0
+            self.lock.commit(self._claimed, block, prev_block, eviction,
+                             int(self.block_gen[block]) + 1, self.free.head + 1,
+                             self.retired.head + 1, self.retired.tail, owner(block))
             return block
 
-    def retire(self, blocks: np.ndarray) -> None:
+    def _claimed(self, block: int, prev_block: int, eviction: tuple | None, gen: int,
+                 free_head: int, retired_head: int, retired_tail: int, owner: Stores) -> None:
+        """:meth:`reserve`'s stores."""
+        if eviction is None:
+            self.free.drop_to(free_head)
+        else:
+            self.retired.drop_to(retired_head)
+            self._evicted(*eviction)
+        # Retire the writer's full block only now, so that it can not be handed straight back.
+        if prev_block >= 0:
+            self.retired.put(retired_tail, prev_block)
+            self.block_state[prev_block] = _RETIRED
+            self.block_next[prev_block] = block
+        self.block_state[block] = _ACTIVE
+        self.block_gen[block] = gen
+        self.block_fill[block] = 0
+        self.block_prev[block] = prev_block
+        self.block_next[block] = -1
+        self.block_prev_intact[block] = prev_block >= 0
+        _store(owner)
+
+    def retire(self, blocks: np.ndarray, owner: Stores = ()) -> None:
         """A writer is done with its ``blocks`` (-1: none): those still active retire (their
-        data stays sampleable until evicted). Takes the lock."""
+        data stays sampleable until evicted); ``owner``: the writer's cursor stores committed
+        with it. Takes the lock."""
         with self.lock:
-            self._retire_active(blocks)
+            self._retire_active(blocks, owner)
 
     def abandon(self, blocks: np.ndarray) -> None:
         """Queue a dropped writer's blocks (-1: none) to be retired at the next claim. Takes
         no lock: a garbage collector's finalizer calls it, in any thread, inside any code."""
         self.abandoned.append(blocks)
 
-    def start(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray) -> None:
+    def start(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray,
+              owner: Stores) -> None:
         """Episodes' first frames written at ``slots``, the next slots of the writers' active
-        ``blocks`` (I1, I2). Takes the lock to publish them."""
+        ``blocks`` (I1, I2); ``owner``: the writer's cursor stores. Takes the lock to
+        publish them."""
         self.frames[slots] = frames    # outside the lock: the slots are the writer's, unpublished
         with self.lock:
-            self.epstep[slots] = 0
-            self.flags[slots] = 0
-            self.block_fill[blocks] += 1
+            self.lock.commit(self._started, blocks, self.block_fill[blocks] + 1, slots, owner)
+
+    def _started(self, blocks, fill, slots, owner):
+        """:meth:`start`'s stores."""
+        self.epstep[slots] = 0
+        self.flags[slots] = 0
+        self.block_fill[blocks] = fill
+        _store(owner)
 
     def append(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray,
                epsteps: np.ndarray, taken: np.ndarray, gens: np.ndarray | None,
                actions: np.ndarray, rewards: np.ndarray, flags: np.ndarray | np.uint8,
-               extras: Mapping[str, np.ndarray] | None) -> None:
+               extras: Mapping[str, np.ndarray] | None, owner: Stores) -> None:
         """Steps taken from the slots ``taken``: their next frames written at ``slots`` (the
         next slots of the active ``blocks``, episode steps ``epsteps``), and the steps'
-        actions, rewards, extras and ``flags`` (TERMINATED / TRUNCATED | HAS_ACTION | VALID).
+        actions, rewards, extras and ``flags`` (TERMINATED / TRUNCATED | HAS_ACTION | VALID);
+        ``owner``: the writer's cursor stores.
 
         ``gens``: None when every ``taken`` slot lies at offset >= ``history_len - 1`` of its
         writer's active block (VALID at once, I3); else the block generations the writer saw
@@ -265,23 +318,38 @@ class BlockRing(_LaneGeometry):
         """
         self.frames[slots] = frames   # outside the lock (I1, I2)
         with self.lock:
-            self.epstep[slots] = epsteps
-            self.flags[slots] = 0
-            self.block_fill[blocks] += 1
+            written = len(slots)
             if gens is not None:
-                self._append_carefully(taken, gens, actions, rewards, flags, extras)
-                return
-            self.action[taken] = actions
-            self.reward[taken] = rewards
-            if extras:
-                for name, values in extras.items():
-                    self.extras[name][taken] = values
-            self.flags[taken] = flags
-            self._published(taken, len(taken), len(taken))
+                taken, actions, rewards, flags, extras, published = self._check_taken(
+                    taken, gens, actions, rewards, flags, extras)
+            else:
+                published = taken
+            counts = self.counts + (len(published), written)
+            self.lock.commit(self._appended, blocks, self.block_fill[blocks] + 1, slots,
+                             epsteps, taken, actions, rewards, flags, extras, counts,
+                             self.distribution.prepare_publish(published), owner)
 
-    def _append_carefully(self, slots, gens, actions, rewards, flags, extras):
-        """:meth:`append`'s steps where some lie in a previous block or at the start of one."""
-        written = len(slots)
+    def _appended(self, blocks, fill, slots, epsteps, taken, actions, rewards, flags, extras,
+                  counts, publication, owner):
+        """:meth:`append`'s stores."""
+        self.epstep[slots] = epsteps
+        self.flags[slots] = 0
+        self.block_fill[blocks] = fill
+        self.action[taken] = actions
+        self.reward[taken] = rewards
+        if extras:
+            for name, values in extras.items():
+                self.extras[name][taken] = values
+        self.flags[taken] = flags
+        self.counts[:] = counts
+        self.distribution.on_publish(publication)
+        _store(owner)
+
+    def _check_taken(self, slots, gens, actions, rewards, flags, extras):
+        """:meth:`append`'s steps where some lie in a previous block or at the start of one:
+        those whose slot was evicted since are dropped, and those whose history was cut are
+        kept but not VALID. Returns the steps kept, their flags, and the slots that become
+        VALID. Reads only."""
         flags = np.broadcast_to(flags, slots.shape)
         block, offset = np.divmod(slots, self.block_size)
         # A slot whose block was evicted since (it was the last of the lane's previous block,
@@ -292,111 +360,80 @@ class BlockRing(_LaneGeometry):
             actions, rewards, flags = actions[alive], rewards[alive], flags[alive]
             if extras:
                 extras = {name: values[alive] for name, values in extras.items()}
-        self.action[slots] = actions
-        self.reward[slots] = rewards
-        if extras:
-            for name, values in extras.items():
-                self.extras[name][slots] = values
         needs_prev = np.minimum(self.epstep[slots], self.history_len - 1) > offset
         valid = ~needs_prev | self.block_prev_intact[block]
-        self.flags[slots] = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
-        self._published(slots[valid], int(np.count_nonzero(valid)), written)
-
-    def _published(self, slots: np.ndarray | int | None, valid: int, written: int) -> None:
-        """``valid`` steps, taken from ``slots``, became VALID (and enter the distribution),
-        among ``written`` steps added (``slots`` may be None when the distribution does not
-        track slots). Under the lock, their flags set."""
-        self.num_valid += valid
-        self.num_steps_written += written
-        self.distribution.on_publish(slots)
+        flags = np.where(valid, flags, flags & np.uint8(~_VALID & 0xFF))
+        return slots, actions, rewards, flags, extras, slots[valid]
 
     # ------------------------------------------------------------------ the C kernel (delegated)
     def bind_kernel(self, ext: Any, cursors: tuple[np.ndarray, ...]) -> Any:
-        """The C kernel ``ext``'s ``Store`` bound to these tables and a writer's ``cursors``
-        (next, current slot, its episode step, its offset, block, safe count, its generation:
-        see :class:`~expreplay.storage.writers.BatchWriter`); None when ``ext`` is None (the
+        """The C kernel ``ext``'s ``Store`` bound to these tables, this ring's lock, counts and
+        distribution, and a writer's ``cursors`` (next, current slot, its episode step, its
+        offset, block, safe count, its generation: see
+        :class:`~expreplay.storage.writers.BatchWriter`); None when ``ext`` is None (the
         writer's numpy path: the kernel not built, or the writer built inside
-        :func:`expreplay._kernels.numpy_only`)."""
+        :func:`expreplay._kernels.numpy_only`).
+
+        The Store's ``step``, ``start`` and ``steps`` are this ring's writes (what
+        :meth:`append` / :meth:`start` store, the counts and the distribution's publication
+        included), each one C call that takes the lock (``lock.raw``) and releases it in C:
+        nothing can interrupt one part-way. They decline (-1, changing nothing) what they do
+        not handle, and while the lock's journal holds a write cut short."""
         if ext is None:
             return None
         fmt = self.frames[:0].data.format if self.dtype.kind in 'iub' else ''
         return ext.Store(
             (self.frames, self.epstep, self.flags, self.action, self.reward, self.block_fill,
              self.block_gen, self.block_state, self.block_prev_intact),
-            cursors, fmt, self.state_shape, self.history_len, self.block_size)
-
-    def kernel_step(self, store: Any, action: Any, reward: Any, frame: Any, terminated: Any,
-                    truncated: Any) -> bool:
-        """One lane's step (``LaneWriter.add_step``'s arguments) by the bound ``store``, as
-        :meth:`append` would store it; False, nothing changed, when the kernel declines."""
-        with self.lock:
-            cur = store.step(action, reward, frame, terminated, truncated)
-            if cur < 0:
-                return False
-            # _published's work for one step, inline: this is the single lane's hot path.
-            self.num_valid += 1
-            self.num_steps_written += 1
-            self.distribution.on_publish(cur)
-        return True
-
-    def kernel_start(self, store: Any, frame: Any) -> bool:
-        """One lane's first frame of an episode by the bound ``store``, as :meth:`start`
-        would store it; False, nothing changed, when the kernel declines."""
-        with self.lock:
-            return store.start(frame) >= 0
-
-    def kernel_steps(self, store: Any, lanes: np.ndarray, actions: np.ndarray,
-                     frames: np.ndarray, rewards: np.ndarray, terminated: np.ndarray,
-                     truncated: np.ndarray, taken: np.ndarray | None,
-                     extras: Mapping[str, np.ndarray] | None) -> bool:
-        """A step of many lanes by the bound ``store``, as :meth:`append` would store them
-        (none ending an episode); ``taken``: the lanes' current slots when the ring needs them
-        (extras, a distribution that tracks slots), which get ``extras`` here under the same
-        hold of the lock. False, nothing changed, when the kernel declines."""
-        with self.lock:
-            try:
-                n = store.steps(lanes, actions, frames, rewards, terminated, truncated)
-            except (BufferError, ValueError, IndexError):   # e.g. a non-contiguous frame batch
-                return False
-            if n < 0:
-                return False
-            if extras:
-                for name, values in extras.items():
-                    self.extras[name][taken] = values
-            self._published(taken, n, n)
-        return True
+            cursors, fmt, self.state_shape, self.history_len, self.block_size,
+            (self.lock.raw, self.lock.pending, self.counts, self.distribution.published,
+             self.distribution.publish_limit))
 
     # ------------------------------------------------------------------ block life cycle
-    def _retire_active(self, blocks: np.ndarray) -> None:
-        for block in blocks[blocks >= 0].tolist():
-            if self.block_state[block] == _ACTIVE:
-                self._retire(block)
+    def _retire_active(self, blocks: np.ndarray, owner: Stores = ()) -> None:
+        """The still active ``blocks`` retire, newest last, with ``owner``'s stores. Under
+        the lock."""
+        active = [b for b in blocks[blocks >= 0].tolist() if self.block_state[b] == _ACTIVE]
+        self.lock.commit(self._retired, active, self.retired.tail, owner)
 
-    def _retire(self, block: int) -> None:
-        self.block_state[block] = _RETIRED
-        self.retired.append(block)
+    def _retired(self, blocks: list[int], tail: int, owner: Stores) -> None:
+        """:meth:`_retire_active`'s stores."""
+        for i, block in enumerate(blocks):
+            self.retired.put(tail + i, block)
+            self.block_state[block] = _RETIRED
+        _store(owner)
 
-    def _evict(self, block: int) -> None:
-        """Forget everything in ``block`` (I2, I3) and cut its successor's history (I5)."""
+    def _plan_eviction(self, block: int) -> tuple:
+        """What evicting ``block`` stores (:meth:`_evicted`'s arguments): everything in it is
+        forgotten (I2, I3) and its successor's history cut (I5). Reads only."""
         lo = block * self.block_size
-        flags = self.flags[lo:lo + self.block_size]
-        self.num_valid -= int(np.count_nonzero(flags & _VALID))
-        flags[:] = 0
-        self.block_fill[block] = 0
+        num_valid = self.num_valid - int(np.count_nonzero(self.flags[lo:lo + self.block_size]
+                                                          & _VALID))
+        succ = int(self.block_next[block])
         broken_slots = None
-        succ = self.block_next[block]
         if succ >= 0 and self.block_prev[succ] == block:
-            self.block_prev_intact[succ] = False
             # Slots at offset o of the successor need the evicted block when their history
             # (min(epstep, history_len - 1) frames back) reaches before offset 0.
             n = min(self.history_len - 1, int(self.block_fill[succ]))
             s_lo = succ * self.block_size
             needs = np.minimum(self.epstep[s_lo:s_lo + n], self.history_len - 1) > np.arange(n)
             broken = needs & ((self.flags[s_lo:s_lo + n] & _VALID) != 0)
-            self.num_valid -= int(np.count_nonzero(broken))
-            self.flags[s_lo:s_lo + n][broken] &= ~np.uint8(_VALID)
+            num_valid -= int(np.count_nonzero(broken))
             broken_slots = s_lo + np.flatnonzero(broken)
+        else:
+            succ = -1
+        return block, lo, succ, broken_slots, num_valid
+
+    def _evicted(self, block: int, lo: int, succ: int, broken_slots: np.ndarray | None,
+                 num_valid: int) -> None:
+        """An eviction's stores (:meth:`_plan_eviction`)."""
+        self.flags[lo:lo + self.block_size] = 0
+        self.block_fill[block] = 0
+        if succ >= 0:
+            self.block_prev_intact[succ] = False
+            self.flags[broken_slots] &= ~np.uint8(_VALID)
             self.block_prev[succ] = -1
+        self.counts[0] = num_valid
         self.distribution.on_evict(lo, lo + self.block_size, broken_slots)
         self.block_prev[block] = -1
         self.block_next[block] = -1
@@ -423,7 +460,7 @@ class BlockRing(_LaneGeometry):
             if name == 'block_state':
                 arr = np.where(arr == _ACTIVE, _RETIRED, arr).astype(arr.dtype)
             elif kind == 'queue':
-                arr = np.array(arr, np.int64)
+                arr = np.array(arr.tolist(), np.int64)
                 if name == 'retired':
                     arr = np.concatenate([arr, active.astype(np.int64)])
             if kind == 'slot':
@@ -457,11 +494,16 @@ class BlockRing(_LaneGeometry):
         (``num_valid``, ``num_steps_written``, and the distribution's: for a prioritized ring
         ``max_priority`` and ``stale_priority_updates``).
         """
+        # Until it is checked, a load cut short (or failed) leaves a new ring: the journal
+        # holds that reset, which the next entry into the lock runs if this one can not.
+        self.lock.begin(self._set_new)
         try:
             self._load_state(counters, source)
         except BaseException:
             self._set_new()
+            self.lock.end()
             raise
+        self.lock.end()
 
     def _load_state(self, counters: Mapping[str, Any], source: Any) -> None:
         """:meth:`load_state`'s reading and checking, which may fail part-way."""
@@ -477,13 +519,12 @@ class BlockRing(_LaneGeometry):
         written = [(b, int(fill[b])) for b in np.flatnonzero(fill).tolist()]
         for name, arr, kind in tables:
             if kind == 'queue':
-                queue = collections.deque(source.read_queue(name, self.num_blocks).tolist())
+                queue = BlockQueue(self.num_blocks, source.read_queue(name, self.num_blocks).tolist())
                 setattr(self, name, queue)
             elif kind == 'slot':
                 source.read_into(name, [arr[b * bs:b * bs + n] for b, n in written], arr.dtype,
                                  (rows,) + arr.shape[1:])
-        self.num_valid = counters['num_valid']
-        self.num_steps_written = counters['num_steps_written']
+        self.counts[:] = (counters['num_valid'], counters['num_steps_written'])
         validate(self, source.fail)
         # After the ring's checks: the distribution checks its state against the VALID flags.
         self.distribution.load_state(counters, source.fail)
@@ -496,11 +537,10 @@ class BlockRing(_LaneGeometry):
                              (self.block_prev_intact, False), (self.block_state, _FREE),
                              (self.block_gen, 0), (self.flags, 0)):
             table[:] = value
-        self.free = collections.deque(range(self.num_blocks))
-        self.retired = collections.deque()
-        self.num_valid = 0
-        self.num_steps_written = 0       # all steps ever added, for statistics
-        self.distribution.reset(self.flags)
+        self.free = BlockQueue(self.num_blocks, range(self.num_blocks))
+        self.retired = BlockQueue(self.num_blocks)
+        self.counts[:] = 0
+        self.distribution.reset(self.flags, self.lock)
 
     def tables(self) -> list[tuple[str, Any, str]]:
         """(name, array, kind) of every exported table (see :data:`TABLES`), for reading."""

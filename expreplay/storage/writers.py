@@ -107,15 +107,18 @@ class BatchWriter:
 
     def in_episode(self, lanes: Any = None) -> np.ndarray:
         """Bool array: which lanes are between an episode's first frame and its end."""
+        self._ring.lock.settle()
         cur = self._cur_slot if lanes is None else self._cur_slot[lanes]
         return cur >= 0
 
     def current_slots(self, lanes: Any = None) -> np.ndarray:
         """The slot of each lane's newest observation (-1 outside an episode): a copy."""
+        self._ring.lock.settle()
         return (self._cur_slot if lanes is None else self._cur_slot[lanes]).copy()
 
     def lane_in_episode(self, lane: int) -> bool:
         """Whether ``lane`` is between an episode's first frame and its end."""
+        self._ring.lock.settle()
         return bool(self._cur_slot[lane] >= 0)
 
     def start_episodes(self, lanes: Any, frames: Any, *, checked: bool = False) -> None:
@@ -130,8 +133,7 @@ class BatchWriter:
             frames = _batch(check_frames(frames, ring.state_shape, ring.dtype, 'frames'),
                             len(lanes), 'frames', ndim=2)
         slots = self._slots(lanes)
-        ring.start(self._block[lanes], slots, frames)
-        self._advance(lanes, slots, 0)
+        ring.start(self._block[lanes], slots, frames, self._advance(lanes, slots, 0))
 
     def add_steps(self, lanes: Any, actions: Any, rewards: Any, next_frames: Any, terminated: Any,
                   truncated: Any, *, checked: bool = False,
@@ -175,11 +177,12 @@ class BatchWriter:
         # block now (_cur_off -1), which another writer's claim may evict before we publish.
         careful = (self._cur_off[lanes] < ring.history_len - 1).any()
         epsteps = self._cur_epstep[lanes] + 1
-        ring.append(self._block[lanes], slots, next_frames, epsteps, cur,
-                    self._cur_gen[lanes] if careful else None, actions, rewards, flags, extras)
-        self._advance(lanes, slots, epsteps)
+        owner = self._advance(lanes, slots, epsteps)
         if any_end:
-            self._cur_slot[lanes[ended]] = -1
+            owner.append((self._cur_slot, lanes[ended], -1))     # the lanes' episodes ended
+        ring.append(self._block[lanes], slots, next_frames, epsteps, cur,
+                    self._cur_gen[lanes] if careful else None, actions, rewards, flags, extras,
+                    owner)
 
     def try_add_steps(self, lanes: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
                       next_frames: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, *,
@@ -193,26 +196,27 @@ class BatchWriter:
         memory's dtype. ``extras`` as in :meth:`add_steps` (checked first: bad extras raise,
         changing nothing)."""
         ring = self._ring
-        if self._closed or next_frames.dtype != ring.dtype \
+        store = self._store
+        if store is None or self._closed or next_frames.dtype != ring.dtype \
                 or next_frames.shape[1:] != ring.state_shape:
             return False
         if ring.extras or extras:
             extras = check_extras(extras, ring.extra_fields, len(lanes))
-        store = self._store
-        if store is None:
-            return False
-        # The slots the steps are taken from (published by the kernel), gathered only when the
-        # ring needs them: for the extras, or for a distribution that tracks slots.
-        taken = self._cur_slot[lanes] if extras or ring.distribution.tracks_slots else None
-        return ring.kernel_steps(store, lanes, actions, next_frames, rewards, terminated,
-                                 truncated, taken, extras)
+            if (self._cur_off[lanes] < ring.history_len - 1).any():
+                return False      # a current slot in the previous block: the numpy path's
+            # The steps' slots are the lanes' current ones in their active blocks, which only
+            # this writer writes and the kernel publishes: their extras may go first.
+            taken = self._cur_slot[lanes]
+            for name, values in extras.items():
+                ring.extras[name][taken] = values
+        return store.steps(lanes, actions, next_frames, rewards, terminated, truncated) >= 0
 
     def close(self) -> None:
         """Detach from the memory: every lane's active block is retired. Idempotent."""
         self._finalizer.detach()
-        self._ring.retire(self._block)
-        self._block[:] = -1
-        self._cur_slot[:] = -1
+        self._ring.lock.settle()
+        self._ring.retire(self._block, ((self._block, slice(None), -1),
+                                        (self._cur_slot, slice(None), -1)))
         self._closed = True
 
     def refill(self) -> bool:
@@ -222,6 +226,7 @@ class BatchWriter:
         simply waits for the lane's next frame.)"""
         if self._safe[0] > 0 or self._closed:
             return False
+        self._ring.lock.settle()
         self._claim_where_full()
         return True
 
@@ -251,6 +256,7 @@ class BatchWriter:
         would count its step twice, a negative one write another lane's block."""
         if self._closed:
             raise RuntimeError("this writer is closed")
+        self._ring.lock.settle()      # a write cut short may still store this writer's cursors
         if lanes is _LANE0:
             return lanes
         arr = np.asarray(lanes)
@@ -289,18 +295,19 @@ class BatchWriter:
         bs = ring.block_size
         blocks = self._block
         for j in np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs)).tolist():
-            blocks[j] = ring.reserve(int(blocks[j]))
-            self._next[j] = blocks[j] * bs
-            # The lane's current observation now lies in the previous block.
-            self._cur_off[j] = -1
+            # The block is the lane's in the claim's own commit; the lane's current
+            # observation now lies in the previous block.
+            ring.reserve(int(blocks[j]), lambda block, j=j: (
+                (blocks, j, block), (self._next, j, block * bs), (self._cur_off, j, -1)))
 
     def _advance(self, lanes, slots, epsteps):
-        """The frames just written at ``slots`` are the lanes' current observations."""
-        self._next[lanes] = slots + 1
-        self._cur_slot[lanes] = slots
-        self._cur_epstep[lanes] = epsteps
-        self._cur_gen[lanes] = self._ring.block_gen[self._block[lanes]]
-        self._cur_off[lanes] = slots - self._block[lanes] * self._ring.block_size
+        """The cursor stores (committed with the ring's write) that make the frames written
+        at ``slots`` the lanes' current observations."""
+        block = self._block[lanes]
+        return [(self._next, lanes, slots + 1), (self._cur_slot, lanes, slots),
+                (self._cur_epstep, lanes, epsteps),
+                (self._cur_gen, lanes, self._ring.block_gen[block]),
+                (self._cur_off, lanes, slots - block * self._ring.block_size)]
 
 
 class LaneWriter:
@@ -340,8 +347,8 @@ class LaneWriter:
         An episode still open is abandoned: its steps so far stay sampleable.
         """
         store = self._store
-        if store is not None and (self._ring.kernel_start(store, obs) or (
-                self._writer.refill() and self._ring.kernel_start(store, obs))):
+        if store is not None and (store.start(obs) >= 0 or (
+                self._writer.refill() and store.start(obs) >= 0)):
             return
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
@@ -362,10 +369,10 @@ class LaneWriter:
                 transition from the current observation.
         """
         store = self._store
-        if store is not None and extras is None and (self._ring.kernel_step(
-                store, action, reward, next_obs, terminated, truncated) or (
-                self._writer.refill() and self._ring.kernel_step(
-                    store, action, reward, next_obs, terminated, truncated))):
+        if store is not None and extras is None and (store.step(
+                action, reward, next_obs, terminated, truncated) >= 0 or (
+                self._writer.refill() and store.step(
+                    action, reward, next_obs, terminated, truncated) >= 0)):
             # The common case (int action, float reward, a frame of the memory's shape and
             # dtype, bool ends, room in the block) checked and stored in one C call.
             return

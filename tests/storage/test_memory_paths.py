@@ -354,5 +354,5 @@ def test_a_memory_and_its_writers_keep_the_path_they_were_built_with(built, used
         assert (mem.ring.priorities.tree._ext is not None) == c
         sample = mem.sample(32)
         assert [decode(f) for f in sample.state[..., -1]].count(None) == 0
-        mem.ring.distribution.reset(mem.ring.flags)      # a new tree, as a failed load builds
+        mem.ring.distribution.reset(mem.ring.flags, mem.ring.lock)   # a new tree, as a failed load builds
         assert (mem.ring.priorities.tree._ext is not None) == c
