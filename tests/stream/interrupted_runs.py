@@ -1,8 +1,10 @@
-"""Streams stopped by real signals at random instants; run by test_interrupts.py in a child
-process (signals are handled in a process's main thread, which pytest's workers may not own).
+"""Real signals at random instants; run by test_interrupts.py in a child process (signals are
+handled in a process's main thread, which pytest's workers may not own).
 
     python interrupted_runs.py RUNS SEED DIR [--double]
-    python interrupted_runs.py --writes RUNS SEED DIR
+    python interrupted_runs.py --writes RUNS SEED DIR [--memory-in-thread]
+    python interrupted_runs.py --latency sample|add_step SIGNALS SEED
+    python interrupted_runs.py --slow-start
 
 Each run builds a memory (uniform or prioritized, alternately) and a stream of one player
 (stepped inline by this thread: the case where the signal lands in the memory's writes) or of
@@ -19,7 +21,17 @@ holds, and no thread of the stream is left. One line of JSON per run: where the 
 episode starts, prioritized draws, priority updates), a SIGINT at a random instant of each run,
 the loop going on with the same writer after it (a notebook's next cell); after every run the
 memory is saved and loaded (the load checks the invariants). Here nearly every instant is
-inside the memory's code, where an unprotected interrupt breaks the tables.
+inside the memory's code. The SIGINT handler is installed after the memory is built (with
+``--memory-in-thread`` the memory is built in another thread): the library takes no part in
+the handling, the memory's writes are consistent at every instant by themselves.
+
+``--latency``: under a trace function (as under coverage or a debugger), SIGINTs at random
+instants of a loop of ``memory.sample(32)`` or of ``writer.add_step``; one line per signal with
+the seconds from its sending to its KeyboardInterrupt.
+
+``--slow-start``: a two-player stream whose second ``get_player()`` call takes 4 s; a SIGINT
+sent once the start is inside it. One line: the seconds from the signal to the
+KeyboardInterrupt out of ``start()``, and the stream's threads alive then and after ``close()``.
 """
 
 import json
@@ -35,11 +47,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling   # noqa: E402
-from expreplay.interrupts import RETRY_THREAD   # noqa: E402
 from expreplay.stream import MemoryCheckpoint   # noqa: E402
 from scripted_env import ScriptedEnv   # noqa: E402
 
-STREAM_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch')
+STREAM_THREADS = ('SimulatorThread', 'InferenceThread', 'ReplayStream-prefetch',
+                  'Population-start')
 
 
 HANDLED = []     # the signals whose handler ran (two sent at once may arrive as one)
@@ -107,14 +119,9 @@ def one_run(run, directory, delay, double, rng):
             stream.close()      # a user's second close(), after a stop that raised
             state['stage'] = 'wait'
         timer.join()
-        # A signal deferred by the memory's code is asked again by a one-shot thread; once
-        # none is left, the next call runs any handler still due, here, inside the try.
-        waiting = threading.Event()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(
-                t.name == RETRY_THREAD for t in threading.enumerate()):
-            waiting.wait(0.001)
-        waiting.wait(0)
+        # Every signal was sent when the join returns; Python runs a handler still due at
+        # the next call of this thread: this one, inside the try.
+        os.getpid()
         RAISING[0] = False    # the checks below run undisturbed
 
     for _ in range(2 * sent + 2):
@@ -160,10 +167,22 @@ def write_until_interrupted(memory, writer, rng, step):
             memory.update_priorities(batch.indices, np.abs(batch.reward) + 0.1)
 
 
-def writes(runs, seed, root):
-    memory = ReplayMemory(3000, (6,), 4, prioritized=True, block_size=64)
-    writer = memory.new_writer()
-    writer.start_episode(np.zeros(6, np.uint8))
+def writes(runs, seed, root, in_thread):
+    def build():
+        memory = ReplayMemory(3000, (6,), 4, prioritized=True, block_size=64)
+        writer = memory.new_writer()
+        writer.start_episode(np.zeros(6, np.uint8))
+        return memory, writer
+
+    if in_thread:
+        built = []
+        builder = threading.Thread(target=lambda: built.append(build()))
+        builder.start()
+        builder.join()
+        memory, writer = built[0]
+    else:
+        memory, writer = build()
+    signal.signal(signal.SIGINT, stop_as_ctrl_c)     # the user's handler, after the memory
     rng, pid, step = random.Random(seed), os.getpid(), 0
 
     def send():
@@ -196,10 +215,102 @@ def writes(runs, seed, root):
             return
 
 
+TRACED = [0]    # the tracer's calls
+
+
+def tracer(frame, event, arg):
+    """A trace function of the kind coverage and debuggers set: called for every line."""
+    TRACED[0] += 1
+    return tracer
+
+
+def latency(kind, signals, seed):
+    memory = ReplayMemory(3000, (6,), 4, block_size=64)
+    writer = memory.new_writer()
+    frame = np.zeros(6, np.uint8)
+    writer.start_episode(frame)
+    for step in range(200):
+        writer.add_step(step % 3, 1.0, frame)
+    rng, pid = random.Random(seed), os.getpid()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for _ in range(signals):
+        # Set again each time: Python unsets a trace function that raises, as it does when
+        # the KeyboardInterrupt lands inside the trace function's own code.
+        sys.settrace(tracer)
+        TRACED[0] = 0
+        sent = []
+
+        def send():
+            sent.append(time.monotonic())
+            os.kill(pid, signal.SIGINT)
+
+        timer = threading.Timer(rng.uniform(0.001, 0.02), send)
+        caught = None
+        try:
+            timer.start()
+            step = 0
+            while True:
+                if kind == 'sample':
+                    memory.sample(32)
+                else:
+                    step += 1
+                    writer.add_step(step % 3, 1.0, frame, terminated=step % 50 == 0)
+                    if not writer.in_episode:
+                        writer.start_episode(frame)
+        except KeyboardInterrupt:
+            caught = time.monotonic()
+        sys.settrace(None)
+        traced = TRACED[0]
+        timer.join()
+        if not writer.in_episode:     # the signal landed between an episode's end and start
+            writer.start_episode(frame)
+        print(json.dumps(dict(kind=kind, latency=caught - sent[0], traced=traced)), flush=True)
+
+
+def slow_start():
+    calls, inside, pid = [], threading.Event(), os.getpid()
+
+    def get_player():
+        calls.append(1)
+        if len(calls) == 2:       # the first is the stream's check, the second the start's
+            inside.set()
+            time.sleep(4)         # a slow env constructor
+        return ScriptedEnv(0)
+
+    memory = ReplayMemory(1000, (6,), 4)
+    population = Population(get_player, 2, q_values, exploration=1.0)
+    stream = ReplayStream(memory, population, Sampling(16, 2), init_memory_size=100,
+                          progress=False)
+    sent = []
+
+    def send():
+        inside.wait(60)
+        sent.append(time.monotonic())
+        os.kill(pid, signal.SIGINT)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    caught = None
+    try:
+        stream.start()
+    except KeyboardInterrupt:
+        caught = time.monotonic()
+    sender.join()
+    alive = [t.name for t in threading.enumerate() if t.name.startswith(STREAM_THREADS)]
+    stream.close()
+    after = [t.name for t in threading.enumerate() if t.name.startswith(STREAM_THREADS)]
+    print(json.dumps(dict(latency=None if caught is None else caught - sent[0],
+                          alive=alive, alive_after_close=after)), flush=True)
+
+
 def main():
     if sys.argv[1] == '--writes':
-        signal.signal(signal.SIGINT, stop_as_ctrl_c)
-        return writes(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return writes(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+                      '--memory-in-thread' in sys.argv)
+    if sys.argv[1] == '--latency':
+        return latency(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1] == '--slow-start':
+        return slow_start()
     runs, seed, root = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     double = '--double' in sys.argv
     signal.signal(signal.SIGINT, stop_as_ctrl_c)
