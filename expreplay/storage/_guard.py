@@ -15,24 +15,28 @@ without taking over the process (no signal handler, no trace function):
   into the lock (:meth:`WriteGuard.__enter__`, :meth:`WriteGuard.settle`), by any thread. A
   write cut short before it has changed nothing. So the tables always hold the writes before
   the interrupted one, and that one too or nothing of it.
-* **No hold is left.** The lock is a re-entrant lock used without re-entry: a thread that
-  enters while it already holds the lock holds it from a call an exception cut short, and
-  takes that hold over instead of waiting for itself. The ring's own writes never nest.
-  Another thread waits until the interrupted thread enters again (any call of the memory);
-  :meth:`WriteGuard.release_abandoned` gives such a hold back at once (a stream's ``close``
-  calls it first, so that the threads it stops are not left waiting).
-
-The C write kernel takes the same lock (``raw``) in C, where nothing can land between its
-acquisition and release, and declines while the journal holds a write (:attr:`pending`).
+* **No hold is left.** The memory's critical sections run through :meth:`WriteGuard.run`,
+  which, with the C write kernel built, takes the lock, calls the section and releases the
+  lock in one C call (``_write_ext.locked_call``): the release follows in C whatever the
+  section raised. The C write kernel's own writes take and release it in C too, and decline
+  while the journal holds a write (:attr:`WriteGuard.pending`). On the numpy path (no
+  compiler) the section runs in a ``with`` block, whose exit an exception can skip: the lock
+  is a re-entrant lock used without re-entry, so a thread that enters while it holds it holds
+  it from a call cut short, and takes that hold over instead of waiting for itself; another
+  thread waits until the interrupted one calls the memory again, or
+  :meth:`WriteGuard.release_abandoned` (which a stream's ``close`` calls first).
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from .. import _kernels
 
 __all__ = ['WriteGuard']
 
@@ -40,7 +44,11 @@ __all__ = ['WriteGuard']
 class WriteGuard:
     """The ring's lock (``with guard:``) and the journal of the one write in progress."""
 
-    __slots__ = ('raw', 'pending', '_redo')
+    __slots__ = ('raw', 'pending', '_redo', 'run')
+
+    #: ``run(fn, *args)``: ``fn(*args)`` called holding the lock (after finishing a write cut
+    #: short), the lock released whatever it raised; returns what ``fn`` returns.
+    run: Callable[..., Any]
 
     def __init__(self) -> None:
         #: The lock itself; the C write kernel acquires and releases it.
@@ -48,6 +56,12 @@ class WriteGuard:
         #: 1 while the journal holds a write (read by the C kernel, which then declines).
         self.pending = np.zeros(1, np.uint8)
         self._redo: tuple[Callable[..., Any], tuple[Any, ...]] | None = None
+        # Chosen once, with the ring (expreplay._kernels): the C call, or the with block.
+        ext = _kernels.get('_write_ext')
+        if ext is not None:
+            self.run = functools.partial(ext.locked_call, self.raw, self.pending, self)
+        else:
+            self.run = self._run_with
 
     def __enter__(self) -> WriteGuard:
         raw = self.raw
@@ -76,6 +90,11 @@ class WriteGuard:
     def release(self) -> None:
         """Give back a hold of :meth:`acquire`."""
         self.raw.release()
+
+    def _run_with(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """:meth:`run` without the C kernel."""
+        with self:
+            return fn(*args)
 
     def commit(self, apply: Callable[..., Any], *args: Any) -> None:
         """Run ``apply(*args)``, the stores of one write, as one: if an exception cuts it short,

@@ -495,11 +495,82 @@ static PyTypeObject StoreType = {
     .tp_new = PyType_GenericNew,
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_write_ext", NULL, -1, NULL};
+/* ------------------------------------------------------------------ locked_call: a critical
+ * section whose lock no exception can leave held. In Python, an exception (a signal's
+ * KeyboardInterrupt) can land between a `with` block's body and its exit, which CPython does
+ * not promise to run then; here the release follows the call in C, whatever it raised. */
+
+static PyObject *str_acquire, *str_release, *str_finish;
+
+PyDoc_STRVAR(locked_call_doc,
+"locked_call(lock, pending, guard, fn, *args) -> fn(*args), called holding lock\n\n"
+"Takes `lock`, finishes the write journal of `guard` first when its flag `pending` (a 1-byte\n"
+"buffer) is set (guard._finish()), calls fn(*args), and releases `lock` whatever happened.\n"
+"An interrupted wait for the lock raises before anything is called.");
+
+static PyObject *locked_call(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)mod;
+    if (nargs < 4) {
+        PyErr_SetString(PyExc_TypeError, "locked_call(lock, pending, guard, fn, *args)");
+        return NULL;
+    }
+    PyObject *lock = args[0], *guard = args[2], *fn = args[3];
+    Py_buffer flag;
+    if (PyObject_GetBuffer(args[1], &flag, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (flag.len < 1) {
+        PyBuffer_Release(&flag);
+        PyErr_SetString(PyExc_ValueError, "locked_call: pending is a 1-byte buffer");
+        return NULL;
+    }
+    PyObject *r = PyObject_CallMethodNoArgs(lock, str_acquire);
+    if (!r) {
+        PyBuffer_Release(&flag);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyObject *result = NULL;
+    int pending = ((const uint8_t *)flag.buf)[0] != 0;
+    PyBuffer_Release(&flag);
+    if (pending) {
+        r = PyObject_CallMethodNoArgs(guard, str_finish);
+        if (r)
+            Py_DECREF(r);
+    }
+    if (!pending || r)
+        result = PyObject_Vectorcall(fn, args + 4, (size_t)(nargs - 4), NULL);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    r = PyObject_CallMethodNoArgs(lock, str_release);
+    if (!r) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        Py_XDECREF(result);
+        return NULL;
+    }
+    Py_DECREF(r);
+    PyErr_Restore(type, value, tb);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"locked_call", (PyCFunction)(void (*)(void))locked_call, METH_FASTCALL, locked_call_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_write_ext", NULL, -1,
+                                    module_methods};
 
 PyMODINIT_FUNC PyInit__write_ext(void)
 {
     if (PyType_Ready(&StoreType) < 0)
+        return NULL;
+    str_acquire = PyUnicode_InternFromString("acquire");
+    str_release = PyUnicode_InternFromString("release");
+    str_finish = PyUnicode_InternFromString("_finish");
+    if (!str_acquire || !str_release || !str_finish)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m)

@@ -175,11 +175,13 @@ class ReplayMemory:
     # ------------------------------------------------------------------ sampling
     def __len__(self) -> int:
         """The number of transitions that can be sampled now."""
+        self.ring.lock.settle()
         return self.ring.num_valid
 
     @property
     def num_steps_written(self) -> int:
         """Steps added since the memory was created (including evicted ones)."""
+        self.ring.lock.settle()
         return self.ring.num_steps_written
 
     @property
@@ -333,9 +335,12 @@ class ReplayMemory:
         lanes. Each save is logged (logger ``expreplay.storage.memory``, INFO): where, how big, how
         long. See :mod:`expreplay.storage.checkpoint` for the format.
         """
-        with self.ring.lock:
-            counters, tables = self.ring.state()
-            return _checkpoint.write(os.fspath(path), dict(self._settings(), **counters), tables)
+        return self.ring.lock.run(self._save, os.fspath(path))
+
+    def _save(self, path: str) -> int:
+        """:meth:`save` under the ring's lock."""
+        counters, tables = self.ring.state()
+        return _checkpoint.write(path, dict(self._settings(), **counters), tables)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, max_size: int | float | None = None,
@@ -413,10 +418,7 @@ class ReplayMemory:
         touched = False
         with _checkpoint.open_checkpoint(path) as source:
             source.check_settings(expected)
-            with self.ring.lock:
-                touched = not self.ring.untouched
-                if not touched:
-                    self._fill(source)
+            touched = self.ring.lock.run(self._fill_if_new, source)
         if touched:
             self._require_new(path)
 
@@ -435,6 +437,13 @@ class ReplayMemory:
                              f"{self.num_steps_written} steps written or blocks taken by "
                              f"writers, which {path} would overwrite (build a new ReplayMemory "
                              "to restore into, or use ReplayMemory.load)")
+
+    def _fill_if_new(self, source: _checkpoint.CheckpointSource) -> bool:
+        """:meth:`_fill` unless a writer touched the ring (True then), under its lock."""
+        if not self.ring.untouched:
+            return True
+        self._fill(source)
+        return False
 
     def _fill(self, source: _checkpoint.CheckpointSource) -> None:
         """This memory's new ring filled from ``source`` (and checked) by the ring itself."""

@@ -232,26 +232,28 @@ class BlockRing(_LaneGeometry):
         block as its lane's (committed with it). Evicts the oldest retired block when no block
         is free (I6). Takes the lock. Raises RuntimeError when every block is held by a
         writer."""
-        with self.lock:
-            while self.abandoned:
-                # Retired before it leaves the queue: a cut short retire is done again.
-                self._retire_active(self.abandoned[0])
-                self.abandoned.popleft()
-            eviction = None
-            if self.free:
-                block = self.free.first()
-            elif self.retired:
-                block = self.retired.first()
-                eviction = self._plan_eviction(block)
-            else:
-                raise RuntimeError(
-                    f"all {self.num_blocks} blocks of the replay memory are held by writers: too "
-                    f"many writers for {self.num_slots} slots with block_size={self.block_size}; "
-                    "use a smaller block_size or fewer writers")
-            self.lock.commit(self._claimed, block, prev_block, eviction,
-                             int(self.block_gen[block]) + 1, self.free.head + 1,
-                             self.retired.head + 1, self.retired.tail, owner(block))
-            return block
+        return self.lock.run(self._reserve, prev_block, owner)
+
+    def _reserve(self, prev_block: int, owner: Callable[[int], Stores]) -> int:
+        while self.abandoned:
+            # Retired before it leaves the queue: a cut short retire is done again.
+            self._retire_active(self.abandoned[0])
+            self.abandoned.popleft()
+        eviction = None
+        if self.free:
+            block = self.free.first()
+        elif self.retired:
+            block = self.retired.first()
+            eviction = self._plan_eviction(block)
+        else:
+            raise RuntimeError(
+                f"all {self.num_blocks} blocks of the replay memory are held by writers: too "
+                f"many writers for {self.num_slots} slots with block_size={self.block_size}; "
+                "use a smaller block_size or fewer writers")
+        self.lock.commit(self._claimed, block, prev_block, eviction,
+                         int(self.block_gen[block]) + 1, self.free.head + 1,
+                         self.retired.head + 1, self.retired.tail, owner(block))
+        return block
 
     def _claimed(self, block: int, prev_block: int, eviction: tuple | None, gen: int,
                  free_head: int, retired_head: int, retired_tail: int, owner: Stores) -> None:
@@ -278,8 +280,7 @@ class BlockRing(_LaneGeometry):
         """A writer is done with its ``blocks`` (-1: none): those still active retire (their
         data stays sampleable until evicted); ``owner``: the writer's cursor stores committed
         with it. Takes the lock."""
-        with self.lock:
-            self._retire_active(blocks, owner)
+        self.lock.run(self._retire_active, blocks, owner)
 
     def abandon(self, blocks: np.ndarray) -> None:
         """Queue a dropped writer's blocks (-1: none) to be retired at the next claim. Takes
@@ -292,8 +293,10 @@ class BlockRing(_LaneGeometry):
         ``blocks`` (I1, I2); ``owner``: the writer's cursor stores. Takes the lock to
         publish them."""
         self.frames[slots] = frames    # outside the lock: the slots are the writer's, unpublished
-        with self.lock:
-            self.lock.commit(self._started, blocks, self.block_fill[blocks] + 1, slots, owner)
+        self.lock.run(self._start, blocks, slots, owner)
+
+    def _start(self, blocks, slots, owner):
+        self.lock.commit(self._started, blocks, self.block_fill[blocks] + 1, slots, owner)
 
     def _started(self, blocks, fill, slots, owner):
         """:meth:`start`'s stores."""
@@ -317,17 +320,21 @@ class BlockRing(_LaneGeometry):
         VALID only where its history is intact (I5). Takes the lock to publish.
         """
         self.frames[slots] = frames   # outside the lock (I1, I2)
-        with self.lock:
-            written = len(slots)
-            if gens is not None:
-                taken, actions, rewards, flags, extras, published = self._check_taken(
-                    taken, gens, actions, rewards, flags, extras)
-            else:
-                published = taken
-            counts = self.counts + (len(published), written)
-            self.lock.commit(self._appended, blocks, self.block_fill[blocks] + 1, slots,
-                             epsteps, taken, actions, rewards, flags, extras, counts,
-                             self.distribution.prepare_publish(published), owner)
+        self.lock.run(self._append, blocks, slots, epsteps, taken, gens, actions, rewards,
+                      flags, extras, owner)
+
+    def _append(self, blocks, slots, epsteps, taken, gens, actions, rewards, flags, extras,
+                owner):
+        written = len(slots)
+        if gens is not None:
+            taken, actions, rewards, flags, extras, published = self._check_taken(
+                taken, gens, actions, rewards, flags, extras)
+        else:
+            published = taken
+        counts = self.counts + (len(published), written)
+        self.lock.commit(self._appended, blocks, self.block_fill[blocks] + 1, slots, epsteps,
+                         taken, actions, rewards, flags, extras, counts,
+                         self.distribution.prepare_publish(published), owner)
 
     def _appended(self, blocks, fill, slots, epsteps, taken, actions, rewards, flags, extras,
                   counts, publication, owner):

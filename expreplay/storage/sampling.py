@@ -107,55 +107,64 @@ class Sampler:
     def comb_batch(self, batch_size: int, rng: Any, layout: str,
                    out: list[np.ndarray] | None) -> list[np.ndarray]:
         """tensorpack's ``[comb_state, action, reward, isOver]`` of uniform draws."""
-        ring = self.ring
-        k = ring.history_len + 1
-        kernel = self.kernel(k, layout)
-        with ring.lock:
-            self.check_batch_size(batch_size)
-            slots = self.draw_uniform(batch_size, rng)
-            if kernel is not None:
-                if out is None:
-                    out = self._pool.take(('comb', batch_size, k, layout), lambda: (
-                        np.empty(self.state_shape(batch_size, k, layout), ring.dtype),
-                        np.empty(batch_size, np.int32), np.empty(batch_size, np.float32),
-                        np.empty(batch_size, bool)))
-                kernel.comb(slots, layout == 'NCHW', *out)
-                return out
-            comb_state = gather_frames(ring.frames, ring.frame_index(slots), layout,
-                                       kernel=self._gather_ext)
-            batch = [comb_state, ring.action[slots], ring.reward[slots],
-                     (ring.flags[slots] & _TERMINATED) != 0]
-        if out is None:
+        kernel = self.kernel(self.ring.history_len + 1, layout)
+        batch = self.ring.lock.run(self._comb_locked, batch_size, rng, layout, out, kernel)
+        if out is None or batch is out:
             return batch
         for dst, src in zip(out, batch):
             np.copyto(dst, src)
         return out
 
+    def _comb_locked(self, batch_size, rng, layout, out, kernel):
+        """:meth:`comb_batch`'s draw and gather, under the lock: ``out`` filled (the C
+        sampler), or a new batch."""
+        ring = self.ring
+        k = ring.history_len + 1
+        self.check_batch_size(batch_size)
+        slots = self.draw_uniform(batch_size, rng)
+        if kernel is not None:
+            if out is None:
+                out = self._pool.take(('comb', batch_size, k, layout), lambda: (
+                    np.empty(self.state_shape(batch_size, k, layout), ring.dtype),
+                    np.empty(batch_size, np.int32), np.empty(batch_size, np.float32),
+                    np.empty(batch_size, bool)))
+            kernel.comb(slots, layout == 'NCHW', *out)
+            return out
+        comb_state = gather_frames(ring.frames, ring.frame_index(slots), layout,
+                                   kernel=self._gather_ext)
+        return [comb_state, ring.action[slots], ring.reward[slots],
+                (ring.flags[slots] & _TERMINATED) != 0]
+
     def n_step_batch(self, batch_size: int, n_step: int, gamma: float, beta: float | None,
                      layout: str, rng: Any, out: SampleBatch | None,
                      weight_norm: str = 'memory') -> SampleBatch:
         """A :class:`SampleBatch` of n-step transitions, drawn by the ring's distribution."""
-        ring = self.ring
-        shape = self.state_shape(batch_size, ring.history_len, layout)
-        kernel = self.kernel(ring.history_len, layout)
-        with ring.lock:
-            self.check_batch_size(batch_size)
-            slots, weights = ring.distribution.draw(batch_size, rng, beta, weight_norm,
-                                                    self.draw_uniform)
-            if kernel is not None:
-                if out is None:
-                    out = self.empty_sample(batch_size, shape)
-                kernel.sample(slots, n_step, gamma, layout == 'NCHW', out.state, out.next_state,
-                              out.action, out.reward, out.discount, out.is_over, out.indices)
-                for name, arr in ring.extras.items():
-                    np.take(arr, slots, out=out.extras[name])
-            else:
-                out = self._n_step_numpy(slots, n_step, gamma, layout, out)
+        out, weights = self.ring.lock.run(self._n_step_locked, batch_size, n_step, gamma, beta,
+                                          layout, rng, out, weight_norm)
         if weights is None:
             out.weights.fill(1.0)
         else:
             out.weights[:] = weights
         return out
+
+    def _n_step_locked(self, batch_size, n_step, gamma, beta, layout, rng, out, weight_norm):
+        """:meth:`n_step_batch`'s draw and gather, under the lock: (the batch, the weights)."""
+        ring = self.ring
+        kernel = self.kernel(ring.history_len, layout)
+        self.check_batch_size(batch_size)
+        slots, weights = ring.distribution.draw(batch_size, rng, beta, weight_norm,
+                                                self.draw_uniform)
+        if kernel is not None:
+            if out is None:
+                out = self.empty_sample(batch_size,
+                                        self.state_shape(batch_size, ring.history_len, layout))
+            kernel.sample(slots, n_step, gamma, layout == 'NCHW', out.state, out.next_state,
+                          out.action, out.reward, out.discount, out.is_over, out.indices)
+            for name, arr in ring.extras.items():
+                np.take(arr, slots, out=out.extras[name])
+        else:
+            out = self._n_step_numpy(slots, n_step, gamma, layout, out)
+        return out, weights
 
     def _n_step_numpy(self, slots: np.ndarray, n_step: int, gamma: float, layout: str,
                       out: SampleBatch | None) -> SampleBatch:
@@ -231,8 +240,8 @@ class Sampler:
         (int64), both checked by the distribution's ``check_update``; skip those rewritten
         since. Returns the skipped count."""
         ring = self.ring
-        with ring.lock:
-            return ring.distribution.update(indices, priorities, ring.block_gen, ring.block_size)
+        return ring.lock.run(ring.distribution.update, indices, priorities, ring.block_gen,
+                             ring.block_size)
 
     # ------------------------------------------------------------------ draws
     def draw_uniform(self, n: int, rng: Any) -> np.ndarray:

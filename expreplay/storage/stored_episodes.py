@@ -81,30 +81,34 @@ class EpisodeReader:
     def starts(self) -> list[tuple[int, int]]:
         """``(first slot, block generation)`` of every episode start stored, oldest lanes'
         blocks first. Takes the lock."""
+        return self.ring.lock.run(self._starts)
+
+    def _starts(self) -> list[tuple[int, int]]:
         ring = self.ring
-        with ring.lock:
-            order = list(ring.retired) + list(np.flatnonzero(ring.block_state == _ACTIVE))
-            starts: list[tuple[int, int]] = []
-            for block in order:
-                lo = block * ring.block_size
-                fill = int(ring.block_fill[block])
-                gen = int(ring.block_gen[block])     # a reuse of the block changes it
-                starts.extend((int(s), gen)
-                              for s in lo + np.flatnonzero(ring.epstep[lo:lo + fill] == 0))
+        order = list(ring.retired) + list(np.flatnonzero(ring.block_state == _ACTIVE))
+        starts: list[tuple[int, int]] = []
+        for block in order:
+            lo = block * ring.block_size
+            fill = int(ring.block_fill[block])
+            gen = int(ring.block_gen[block])     # a reuse of the block changes it
+            starts.extend((int(s), gen)
+                          for s in lo + np.flatnonzero(ring.epstep[lo:lo + fill] == 0))
         return starts
 
     def read(self, start: int, gen: int) -> dict[str, Any] | str:
         """Copies of the episode whose first frame is ``start``, in block generation ``gen``
         (see :meth:`ReplayMemory.episodes`), or :attr:`StoredEpisodes.EVICTED` /
         :attr:`StoredEpisodes.INCOMPLETE`. Takes the lock."""
+        return self.ring.lock.run(self._read, start, gen)
+
+    def _read(self, start: int, gen: int) -> dict[str, Any] | str:
         ring = self.ring
-        with ring.lock:
-            if ring.block_gen[start // ring.block_size] != gen:
-                return StoredEpisodes.EVICTED
-            slots = self._slots(start)
-            if slots is None:
-                return StoredEpisodes.INCOMPLETE
-            return self._copy(slots)
+        if ring.block_gen[start // ring.block_size] != gen:
+            return StoredEpisodes.EVICTED
+        slots = self._slots(start)
+        if slots is None:
+            return StoredEpisodes.INCOMPLETE
+        return self._copy(slots)
 
     def _copy(self, slots: np.ndarray) -> dict[str, Any]:
         """The episode at ``slots`` (its frames; its steps are all but the last). Caller holds

@@ -410,7 +410,9 @@ class TensorpackAppender:
     def __init__(self, memory: WithRing) -> None:
         self.memory = memory
         self._writer = LaneWriter(memory)
-        self._pending: tuple[int, float] | None = None   # (action, reward) held back
+        # (action, reward, the lane's current slot) of the step held back: the slot tells
+        # whether an append cut short wrote it already (the lane has moved on since).
+        self._pending: tuple[int, float, int | None] | None = None
 
     def append(self, state: Any, action: Any, reward: Any, is_over: Any) -> None:
         """Add one step (see :meth:`ReplayMemory.append`)."""
@@ -419,15 +421,16 @@ class TensorpackAppender:
         as_frame(state, ring.state_shape, ring.dtype, 'exp.state')
         action, reward = check_action(action), check_reward(reward)
         is_over = check_bool(is_over, 'exp.isOver')
-        if self._pending is None:
+        held = self._pending
+        if held is None:
             w.start_episode(state)
-        else:
-            w.add_step(*self._pending, next_obs=state)
-            self._pending = None
+        elif held[2] == w.current_slot:
+            w.add_step(held[0], held[1], next_obs=state)
+        self._pending = None
         if is_over:
             w.add_step(action, reward, np.zeros(ring.state_shape, ring.dtype), terminated=True)
         else:
-            self._pending = (action, reward)
+            self._pending = (action, reward, w.current_slot)
 
 
 def _batch(arr, n, name, ndim=1):
