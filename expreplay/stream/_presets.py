@@ -4,7 +4,9 @@ keyword arguments reach the part that owns them.
 
 Each value is here once, with its source; a setting a part already defaults to (the memory's
 ``'uint8'``, the sampling's gamma 0.99 and 1-step returns, one player) is not restated. The
-parts check every value: nothing is checked here but which part a keyword belongs to.
+parts check every value: nothing is checked here but which part a keyword belongs to, that a
+``seed`` reaches one, and the fill the exploration schedule is built on (used here before the
+stream checks it).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import inspect
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+
+from .._checks import check_int
 
 __all__ = ['ATARI_DQN', 'MINATAR_DQN', 'FrameSchedule', 'build_parts', 'preset_stream']
 
@@ -126,6 +130,13 @@ def build_parts(values: Mapping[str, Any], overrides: dict[str, Any], *,
                 elif source is overrides and key != 'seed':
                     raise TypeError(f"{key}={value!r} is the {name}'s setting, and a {name} is "
                                     f"passed in: set it on that {name}")
+    if 'seed' in overrides and not any('seed' in args for args in kwargs.values()):
+        seeded = ' and the '.join(name for name, (_, args) in owners.items() if 'seed' in args)
+        raise ValueError(f"seed={overrides['seed']!r} would seed nothing: it seeds the {seeded}, "
+                         "and each is passed in; set the seed on them")
+    if 'init_memory_size' in stream_kwargs:
+        stream_kwargs['init_memory_size'] = check_int(stream_kwargs['init_memory_size'],
+                                                      'init_memory_size', 0, allow_float=True)
     population = given.get('population')
     if population is not None:
         if get_player is not None or predictor is not None:

@@ -129,8 +129,7 @@ def test_parts_passed_in_are_used_as_they_are(closing):
     population = Population(MinAtarLike, 1, zeros(6), seed=1, exploration=0.5)
     sampling = Sampling(16, 1, seed=2)
     stream = ReplayStream.minatar_dqn(population=population, sampling=sampling,
-                                      state_shape=(10, 10, 4), max_size=500, seed=3,
-                                      init_memory_size=50)
+                                      state_shape=(10, 10, 4), max_size=500, init_memory_size=50)
     closing(stream)
     assert stream.population is population and stream.sampling is sampling
     assert population.exploration == 0.5 and population.seed == 1 and sampling.seed == 2
@@ -139,6 +138,31 @@ def test_parts_passed_in_are_used_as_they_are(closing):
     stream = ReplayStream.minatar_dqn(MinAtarLike, zeros(6), memory=memory, init_memory_size=50)
     closing(stream)
     assert stream.memory is memory
+
+
+@pytest.mark.parametrize('preset', ['minatar_dqn', 'atari_dqn'])
+def test_seed_reaches_the_parts_built_and_is_refused_when_it_would_seed_none(closing, preset):
+    build = getattr(ReplayStream, preset)
+    common = dict(state_shape=(10, 10, 4), dtype='bool', max_size=500, init_memory_size=50)
+    stream = build(population=Population(MinAtarLike, 1, zeros(6), seed=1), seed=3, **common)
+    closing(stream)
+    assert stream.population.seed == 1 and stream.sampling.seed == 3
+    stream = build(MinAtarLike, zeros(6), sampling=Sampling(16, 1, seed=2), seed=3, **common)
+    closing(stream)
+    assert stream.population.seed == 3 and stream.sampling.seed == 2
+    with pytest.raises(ValueError, match=r'seed=3 would seed nothing: it seeds the population '
+                                         r'and the sampling, and each is passed in'):
+        build(population=Population(MinAtarLike, 1, zeros(6), seed=1),
+              sampling=Sampling(16, 1, seed=2), seed=3, **common)
+
+
+@pytest.mark.parametrize('preset', ['minatar_dqn', 'atari_dqn'])
+@pytest.mark.parametrize('name', ['max_size', 'init_memory_size', 'batch_size', 'num_players'])
+@pytest.mark.parametrize('value', ['big', None, [100]])
+def test_a_number_of_the_wrong_type_is_a_type_error_naming_it(preset, name, value):
+    with pytest.raises(TypeError, match=f'^{name} must be an integer'):
+        getattr(ReplayStream, preset)(MinAtarLike, zeros(6), state_shape=(10, 10, 4),
+                                      dtype='bool', **{name: value})
 
 
 @pytest.mark.parametrize('kwargs, message', [
