@@ -401,10 +401,11 @@ class ExpReplay(DataFlow, Callback):
         ...)``, which would replace it by its numbers.
 
         Overrides: any argument of ExpReplay (``memory_size=200_000``, ``checkpoint_dir=...``,
-        ``memory=ReplayMemory(..., prioritized=True)``...) and ``exploration`` (a number or a
-        schedule of the steps stored, for the population built here). Parts passed in give
-        tensorpack's arguments they hold (a ``memory`` its size, frame shape, history and
-        dtype; a ``sampling`` its batch size and update frequency; a ``population`` its
+        ``memory=ReplayMemory(..., prioritized=True)``...), ``exploration`` (a number or a
+        schedule of the steps stored, for the population built here) and ``seed`` (seeds the
+        population and the sampling built here; refused when both are passed in). Parts passed
+        in give tensorpack's arguments they hold (a ``memory`` its size, frame shape, history
+        and dtype; a ``sampling`` its batch size and update frequency; a ``population`` its
         number of players and its exploration: ``exploration`` is then refused).
         """
         from .stream import _presets
@@ -422,21 +423,32 @@ class ExpReplay(DataFlow, Callback):
         if sampling is not None:
             args.update(batch_size=sampling.batch_size, update_frequency=sampling.update_frequency)
         exploration = overrides.pop('exploration', None)
+        seed = overrides.pop('seed', None)
         if population is not None:
             if exploration is not None:
                 raise TypeError("exploration is the population's: set it on the population "
                                 "passed in")
             args['num_parallel_players'] = population.num_players
+        if seed is not None and population is not None and sampling is not None:
+            raise ValueError(f"seed={seed!r} would seed nothing: it seeds the population and the "
+                             "sampling, and both are passed in; set the seed on them")
         args.update(overrides)
-        args.setdefault('init_memory_size', _presets.atari_init_memory_size(args['memory_size']))
+        # Both are used here before ExpReplay checks them: a wrong type says which it is.
+        args.setdefault('init_memory_size', _presets.atari_init_memory_size(
+            check_int(args['memory_size'], 'memory_size', allow_float=True)))
+        fill = check_int(args['init_memory_size'], 'init_memory_size', 0, allow_float=True)
+        if seed is not None and sampling is None:
+            # ExpReplay's own sampling, seeded: the 4-list unless the memory is prioritized.
+            prioritized = memory is not None and memory.prioritized
+            args['sampling'] = Sampling(args['batch_size'], args['update_frequency'], seed=seed,
+                                        batch_format='transitions' if prioritized else 'tensorpack')
         schedule = None
         if population is None:
             if exploration is None:
-                exploration = schedule = _presets.FrameSchedule(_presets.ATARI_EPSILON,
-                                                                args['init_memory_size'])
+                exploration = schedule = _presets.FrameSchedule(_presets.ATARI_EPSILON, fill)
             args['population'] = _built(
                 lambda: Population(get_player, args['num_parallel_players'],
-                                   exploration=exploration,
+                                   exploration=exploration, seed=seed,
                                    manager_kwargs={'close_timeout': CLOSE_TIMEOUT}),
                 {'num_players': 'num_parallel_players'})
         replay = cls(predictor_io_names, get_player, **args)

@@ -85,6 +85,35 @@ def test_parts_passed_in_give_tensorpacks_arguments():
         ExpReplay.atari_dqn(q_values, atari_env, memory=memory, memory_size=1_000)
 
 
+def test_seed_seeds_the_parts_built_here_and_is_refused_when_it_would_seed_none():
+    replay = ExpReplay.atari_dqn(q_values, atari_env, memory_size=2_000, seed=5)
+    try:
+        stream = replay.stream
+        assert stream.population.seed == 5 and stream.sampling.seed == 5
+        assert stream.sampling.batch_format == 'tensorpack'    # as ExpReplay's own sampling
+        assert stream.population.exploration_schedule is not None   # the preset's epsilon
+    finally:
+        replay.stream.close()
+    memory = ReplayMemory(2_000, (84, 84), 4, prioritized=True)
+    replay = ExpReplay.atari_dqn(q_values, atari_env, memory=memory, seed=5)
+    try:
+        assert replay.stream.sampling.batch_format == 'transitions' and replay.stream.sampling.seed == 5
+    finally:
+        replay.stream.close()
+    population = Population(atari_env, 2, seed=1, manager_kwargs={'close_timeout': CLOSE_TIMEOUT})
+    with pytest.raises(ValueError, match=r'seed=5 would seed nothing: .* population and the '
+                                         r'sampling, and both are passed in'):
+        ExpReplay.atari_dqn(q_values, atari_env, memory_size=2_000, population=population,
+                            sampling=Sampling(64, 4, batch_format='tensorpack', seed=2), seed=5)
+
+
+@pytest.mark.parametrize('name', ['memory_size', 'init_memory_size'])
+@pytest.mark.parametrize('value', ['big', None, [1_000]])
+def test_a_size_of_the_wrong_type_is_a_type_error_naming_it(name, value):
+    with pytest.raises(TypeError, match=f'^{name} must be an integer'):
+        ExpReplay.atari_dqn(q_values, atari_env, **{name: value})
+
+
 def test_the_preset_runs_a_few_batches():
     replay = ExpReplay.atari_dqn(q_values, atari_env, memory_size=2_000, batch_size=8,
                                  num_parallel_players=2)
