@@ -5,7 +5,8 @@ What a long training run needs beyond the DQN itself, each skippable on a first 
 * the run's flags (:func:`add_arguments`): ``--logdir``, ``--resume``, ``--overwrite``,
   ``--save-memory-every``, ``--progress-every``, ``--output``, ``--play-episodes``;
 * log-directory protection (:func:`prepare_logdir`): a directory holding a previous run is
-  never deleted without ``--overwrite``;
+  never deleted without ``--overwrite``, and a start that fails before saving anything leaves
+  no previous run behind (:func:`forget_unsaved_start`);
 * the model saved every epoch and when training ends, Ctrl-C included (:func:`model_savers`),
   and one line saying what was saved where after a Ctrl-C (:func:`report_interrupt`);
 * ``--resume`` (:func:`resume_point`, :func:`resume_report`): the network, the global step and
@@ -20,9 +21,12 @@ if __name__ == '__main__':   # a module the examples import, not a program: --he
     import module_help
     module_help.answer(__doc__, 'atari_run.py', 'dqn_atari.py')
 
+import contextlib
+import logging
 import os
 
 MODEL, MEMORY = 'checkpoint', 'replay_memory.npz'   # what a run leaves in its log directory
+LOG = 'log.log'   # tensorpack's log of the run, opened in the directory as the run starts
 
 
 def add_arguments(p):
@@ -71,9 +75,13 @@ def prepare_logdir(args):
     deletes it (and says so); without either the run is refused, saying how to go on. A
     ``--resume`` of a directory without a model checkpoint or a replay memory is refused too
     (a mistyped path would otherwise train from scratch under the name of a resume).
+
+    Returns the names the directory held before this start (None: there was no directory;
+    empty once ``--overwrite`` deleted them), for :func:`forget_unsaved_start`.
     """
     from tensorpack import logger
     held = previous_run(args.logdir)
+    before = os.listdir(args.logdir) if os.path.isdir(args.logdir) else None
     if args.resume:
         if not any(what in held for what in ('a model checkpoint', 'a replay memory')):
             raise SystemExit(f"--resume: {args.logdir} holds no model checkpoint and no replay "
@@ -85,6 +93,37 @@ def prepare_logdir(args):
     elif held:
         logger.warning(f"--overwrite: deleting the previous run in {args.logdir} ({', '.join(held)}).")
     logger.set_logger_dir(args.logdir, action='d' if held and args.overwrite else 'k')
+    return [] if held and args.overwrite else before
+
+
+@contextlib.contextmanager
+def forget_unsaved_start(logdir, before):
+    """Around a run's start and training: if it raises (a MemoryError building the replay
+    memory, say) with no model checkpoint and no replay memory saved, remove the log that
+    tensorpack opened in ``logdir`` for it, and the directory if the start made it. Else that
+    log alone makes the directory a previous run: the same command would be refused, and
+    ``--resume`` would find nothing to resume.
+
+    Only the log, and only one this start added (``before``: what :func:`prepare_logdir` found
+    there): a directory that holds a checkpoint, a memory or any other file the start added
+    (TensorBoard events: it trained) is left as it is.
+    """
+    try:
+        yield
+    except BaseException:
+        if os.path.isdir(logdir):
+            added = set(os.listdir(logdir)) - set(before or ())
+            if added == {LOG} and not {MODEL, MEMORY} & set(os.listdir(logdir)):
+                path = os.path.join(logdir, LOG)
+                tensorpack_log = logging.getLogger('tensorpack')
+                for handler in list(tensorpack_log.handlers):   # the file the logger writes
+                    if getattr(handler, 'baseFilename', None) == os.path.abspath(path):
+                        tensorpack_log.removeHandler(handler)
+                        handler.close()
+                os.remove(path)
+                if before is None and not os.listdir(logdir):
+                    os.rmdir(logdir)
+        raise
 
 
 # ------------------------------------------------------------------ saving and Ctrl-C

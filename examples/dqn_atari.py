@@ -108,7 +108,12 @@ def build_model(args, num_actions):
 
 
 def train(args, num_actions):
-    atari_run.prepare_logdir(args)   # never deletes a previous run without --overwrite
+    before = atari_run.prepare_logdir(args)   # never deletes a previous run without --overwrite
+    with atari_run.forget_unsaved_start(args.logdir, before):   # a failed start leaves no run
+        start_training(args, num_actions)
+
+
+def start_training(args, num_actions):
     tf.set_random_seed(args.seed)
     uf = args.update_frequency
     # The replay memory, filled by players stepping the games with the current network:

@@ -206,6 +206,33 @@ def test_atari_overwrite_and_resume_decide_what_happens_to_a_previous_run(tmp_pa
         dqn_atari.parse_args(['--resume', '--overwrite'])
 
 
+def test_atari_start_that_fails_before_saving_leaves_no_previous_run(tmp_path, monkeypatch):
+    # A memory too large for the machine (``--memory-size 5000000``) fails as the replay is
+    # built, after the log directory is opened: the same command with a size that fits must
+    # not then be refused as over a previous run. A previous run resumed by a start that fails
+    # keeps every file.
+    import atari_run
+    import dqn_atari
+
+    def too_large(*args, **kwargs):
+        raise MemoryError("the replay memory does not fit")
+    monkeypatch.setattr(dqn_atari, 'make_replay', too_large)
+    logdir = tmp_path / 'pong'
+    with pytest.raises(MemoryError):
+        dqn_atari.train(dqn_atari.parse_args(['--logdir', str(logdir), '--memory-size', '5000000']), 6)
+    assert atari_run.previous_run(str(logdir)) == [] and not logdir.exists()
+    rerun = dqn_atari.parse_args(['--logdir', str(logdir), '--memory-size', '200000'])
+    atari_run.prepare_logdir(rerun)   # not refused
+    with pytest.raises(SystemExit, match='nothing to resume'):
+        atari_run.prepare_logdir(dqn_atari.parse_args(['--logdir', str(logdir), '--resume']))
+
+    previous = tmp_path / 'breakout'
+    before = fake_previous_run(previous)
+    with pytest.raises(MemoryError):
+        dqn_atari.train(dqn_atari.parse_args(['--logdir', str(previous), '--resume']), 6)
+    assert {path: state for path, state in tree_state(previous).items() if path in before} == before
+
+
 def test_atari_players_default_to_the_vector_env():
     """ale-py's vector env (it steps outside the GIL) unless asked otherwise."""
     import dqn_atari
