@@ -41,6 +41,21 @@ I7  Slot ``zero_slot`` (the last one) is never written and stays zeros: history 
 Frames are written outside the lock (a memcpy the writer owns, I1) and published under it by
 updating ``block_fill`` / VALID (:meth:`BlockRing.append`); a sampler holds the lock while it
 gathers, so an evicted block can not be rewritten under a sample that is reading it.
+
+Interrupted writes
+==================
+The invariants hold after an exception at any instant (a signal's ``KeyboardInterrupt``, a
+``MemoryError``, a failing hook), without help from the process (no signal handler): every
+write that changes more than one value prepares all it stores first, reading the tables and
+changing nothing, then commits the stores as one through the lock's journal
+(:class:`~expreplay.storage._guard.WriteGuard`): a write cut short after its commit point is
+run again, whole, at the next entry into the lock; one cut short before it changed nothing.
+The stores are absolute (a count is stored as the value computed before, never incremented in
+place; the free and eviction lists are :class:`~expreplay.storage._block_queue.BlockQueue`\ s
+whose changes name their position), so running them twice is running them once. A writer's
+cursors are stored in the same commit as the tables they point into. The C write kernel's
+calls and the C critical sections (``WriteGuard.run``) take and release the lock in C, so no
+exception leaves it held.
 The ring's :class:`~expreplay.storage.distribution.SamplingDistribution` (``distribution``:
 uniform, or prioritized with its priority tree) is kept in step with VALID under the same lock:
 the publishing of steps tells it which became VALID (``on_publish``), an eviction which stopped
@@ -50,7 +65,7 @@ was sampled has a newer generation.
 
 Every write of the tables is this class's: a writer (:mod:`~expreplay.storage.writers`)
 keeps only its lanes' cursors and hands its frames and steps to :meth:`BlockRing.start`,
-:meth:`BlockRing.append` and the kernel calls below; it takes blocks with
+:meth:`BlockRing.append` and the kernel bound below; it takes blocks with
 :meth:`BlockRing.reserve` and gives them back with :meth:`BlockRing.retire` (eviction happens
 inside :meth:`~BlockRing.reserve`); a checkpoint reads :meth:`BlockRing.state` and fills a new
 ring through :meth:`BlockRing.load_state`, which checks the invariants before the ring is used.
@@ -59,8 +74,8 @@ for reading (``tests/test_layout.py`` fails on an assignment to one outside this
 
 The optional C kernel ``expreplay.storage._write_ext`` is this class's delegated
 implementation of the common writes: a ``Store`` bound by :meth:`BlockRing.bind_kernel` to the
-tables and one writer's cursors, called only from :meth:`BlockRing.kernel_step`,
-:meth:`BlockRing.kernel_start` and :meth:`BlockRing.kernel_steps` under the lock; it writes
+tables, the lock, the counts, the distribution's queue of published slots and one writer's
+cursors; each of its calls is one write, the lock taken and released inside it; it writes
 exactly what :meth:`append` / :meth:`start` would and declines (changing nothing) whatever it
 does not handle. A writer asks :mod:`expreplay._kernels` for it when it is built and gives it
 to :meth:`BlockRing.bind_kernel` (:func:`expreplay._kernels.numpy_only` switches it off for
