@@ -22,6 +22,7 @@ import collections.abc
 import contextlib
 import inspect
 import logging
+import math
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Callable
@@ -170,6 +171,7 @@ class Population:
         self._first_player: Any = None    # built by check_fits, given to the first runner
         self._closed = False
         self._starting = False            # a start() has claimed the population
+        self._builder: threading.Thread | None = None   # the thread building the manager
         # Held for a few bytecodes only (never across user code or a wait), to claim a start.
         self._lock = threading.Lock()
 
@@ -235,7 +237,7 @@ class Population:
         ``shape_arg`` or ``dtype_arg`` (the caller's names for the two settings) and the fix.
         """
         player = self._first_player
-        if player is None and not self._starting:
+        if player is None and not self._starting and not self._closed:
             # User code, run with no lock held: a Ctrl-C reaches it as anywhere else.
             player = self._first_player = self.get_player()
         if player is None:
@@ -260,9 +262,10 @@ class Population:
         closes what was built and leaves the population as before the call. The manager's
         threads are started by a short-lived thread of the population's, so that no
         KeyboardInterrupt (Python raises it in the main thread only) lands between a thread's
-        start and its recording: :meth:`close` sees every thread started. A :meth:`close`
-        from another thread during the start does not wait for it; the start closes what it
-        built once it sees the population closed.
+        start and its recording: :meth:`close` sees every thread started. No lock is held
+        across user code: a Ctrl-C reaches ``get_player()`` at once, and a :meth:`close`
+        from another thread waits for the manager's construction only (milliseconds), not
+        for the players; the start closes what it built once it sees the population closed.
         """
         staleness = self.maximum_staleness
         if staleness is None:
@@ -301,20 +304,63 @@ class Population:
                                          episode_starts=self.episode_starts,
                                          on_episode_end=on_end, **kwargs))
             if len(runners) == 1:      # steps inline: starts no thread
-                manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+                self.manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
             else:
-                manager = _built_aside(
-                    lambda: EnvRunnerManager(runners, staleness, **self._manager_kwargs),
-                    _close_quietly)
+                self._start_manager(runners, staleness)
         except BaseException:
             for runner in runners:
                 _close_quietly(runner)
             if first is not None and not runners:
                 _close_quietly(first)
             raise
-        # The manager first: `runners` non-empty means started (check_fits, per_request).
-        self.manager = manager
         self.runners = runners
+
+    def _start_manager(self, runners: list[EnvRunner], staleness: int) -> None:
+        """Build the manager, which starts the simulator and inference threads, in a thread of
+        the population's own, and record it there.
+
+        Python raises a KeyboardInterrupt in the main thread only: none lands in the
+        manager's constructor between a thread's start and its recording (a thread nobody
+        could stop), nor between the constructor's return and :attr:`manager`'s assignment.
+        The building thread is recorded before it starts, and :meth:`close` waits for it.
+        On an exception in the wait (a Ctrl-C) this thread waits for the building thread and
+        closes the manager it recorded; a second exception cutting that short leaves the
+        manager recorded, for :meth:`close` to finish.
+        """
+        failed: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+            except BaseException as err:
+                failed.append(err)
+                return
+            self.manager = manager        # then `_closed` is read (see close())
+            if self._closed:
+                _close_quietly(manager)
+
+        builder = self._builder = threading.Thread(target=build, name='Population-start',
+                                                   daemon=True)
+        try:
+            # Inside the try: start() waits for the thread to run, and a Ctrl-C in that wait
+            # comes out of start() with the thread running.
+            builder.start()
+            builder.join()
+        except BaseException:
+            self._join_builder(1.0 + self.close_timeout)
+            manager = self.manager
+            if manager is not None:
+                _close_quietly(manager)
+                self.manager = None     # closed: a later start() may try again
+            raise
+        if failed:
+            raise failed[0]
+
+    def _join_builder(self, timeout: float | None) -> None:
+        builder = self._builder
+        if builder is not None and builder.ident is not None \
+                and builder is not threading.current_thread():
+            builder.join(None if timeout is None or math.isinf(timeout) else timeout)
 
     @property
     def started(self) -> bool:
@@ -397,9 +443,11 @@ class Population:
         runner fault not raised yet is raised here. ``timeout``: seconds to wait for the
         threads (None: :attr:`close_timeout`); a thread still inside an env or predictor call
         then is reported and left running (see :class:`~expreplay.EnvRunnerManager`)."""
-        # Single stores and reads, no lock: a close is never held up by a start in progress
-        # (which looks at `_closed` once its manager is recorded, and closes it itself).
+        # Single stores and reads, no lock: a close is not held up by a start in progress
+        # beyond the manager's construction (whose thread looks at `_closed` once the
+        # manager is recorded, and closes it itself if this call did not see it).
         self._closed = True
+        self._join_builder(self.close_timeout if timeout is None else timeout)
         manager = self.manager
         first, self._first_player = self._first_player, None
         if first is not None:                 # checked but never started
@@ -495,41 +543,6 @@ def _check_kwargs(kwargs: collections.abc.Mapping[str, Any] | None, name: str, t
                     f"; it takes {', '.join(sorted(accepted))}")
             raise TypeError(f"{name}: {target.__name__} has no argument {key!r}{hint}")
     return dict(kwargs)
-
-
-def _built_aside(build: Callable[[], Any], discard: Callable[[Any], None]) -> Any:
-    """``build()``, run in a thread of its own while this thread waits for it.
-
-    For a constructor that starts threads: Python raises a KeyboardInterrupt in the main
-    thread only, so none can land in ``build()`` between a thread's start and the recording of
-    its owner (a thread nobody could stop). An exception in the wait (the Ctrl-C) is raised at
-    once; the object, once built, is then ``discard``-ed (closed): by this thread if it is
-    built already, else by the building thread when it is done (both may: ``discard`` must
-    be idempotent).
-    """
-    outcome: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            outcome['built'] = build()
-        except BaseException as err:
-            outcome['error'] = err
-            return
-        if outcome.get('abandoned'):
-            discard(outcome['built'])
-
-    thread = threading.Thread(target=run, name='Population-start', daemon=True)
-    thread.start()
-    try:
-        thread.join()
-    except BaseException:
-        outcome['abandoned'] = True    # stored before `built` is read: one of us discards it
-        if 'built' in outcome:
-            discard(outcome['built'])
-        raise
-    if 'error' in outcome:
-        raise outcome['error']
-    return outcome['built']
 
 
 def _close_quietly(obj: Any) -> None:

@@ -374,6 +374,9 @@ class ReplayStream:
         """:meth:`close`'s work; each part may run again after an interrupted call."""
         self._closed = True      # stored before the prefetcher is read (see batches())
         prefetcher = self._prefetcher
+        # A hold of the memory's lock that an exception cut short in this thread (the numpy
+        # write path's `with` exit skipped) would keep the simulator threads waiting for it.
+        self.memory.ring.lock.release_abandoned()
         self._ready.set()   # wakes anyone in wait_ready(), who then sees `closed`
         population = self.population
         close_timeout = population.close_timeout

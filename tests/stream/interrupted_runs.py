@@ -41,6 +41,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 
@@ -144,10 +145,21 @@ def one_run(run, directory, delay, double, rng):
                             f"{len(stream.memory)}")
     except Exception as err:
         problems.append(f"{type(err).__name__}: {err}")
-    alive = [t.name for t in threading.enumerate() if t.name.startswith(STREAM_THREADS)]
+    alive = [t for t in threading.enumerate() if t.name.startswith(STREAM_THREADS)]
     return dict(run=run, phase=state['phase'], signal=int(signum), handled=handled,
                 players=stream.population.num_players, prioritized=stream.memory.prioritized,
-                problems=problems, loaded=loaded, in_memory=len(stream.memory), alive=alive)
+                problems=problems, loaded=loaded, in_memory=len(stream.memory),
+                alive=[t.name for t in alive], where=where(alive))
+
+
+def where(threads):
+    """Each thread's innermost frames, for a report of what a thread left running waits for."""
+    frames = sys._current_frames()
+    out = {}
+    for t in threads:
+        stack = traceback.extract_stack(frames[t.ident]) if t.ident in frames else []
+        out[t.name] = [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in stack[-6:]]
+    return out
 
 
 def write_until_interrupted(memory, writer, rng, step):
