@@ -146,7 +146,7 @@ import optax  # noqa: E402
 from ale_py.vector_env import AtariVectorEnv  # noqa: E402
 
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
-from expreplay.interrupts import stop_on_signals, uninterrupted  # noqa: E402
+from expreplay.interrupts import stop_on_signals  # noqa: E402
 
 HISTORY = 4   # frames per state
 
@@ -241,7 +241,6 @@ class GreedyPolicy:
         return np.asarray(self.forward(self.params, padded))[:n]
 
 
-@uninterrupted   # a signal's handler waits until the file is written
 def save_params(path, params):
     """Write ``params`` to ``path`` whole (written aside, then linked in), never over a file."""
     tmp = f"{path}.{os.getpid()}.tmp"

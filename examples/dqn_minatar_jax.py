@@ -80,7 +80,9 @@ epsilon, the returns file (rows after it are dropped) and the memory go on where
 also after a stop during the initial fill (the fill then completes first); the envs start
 new episodes (those cut by the stop are not counted) and the random draws after a resume are
 seeded from the seed and the frame count, so a resumed run is a continuation, not a
-bit-exact replay.
+bit-exact replay. It may take another ``--updates-per-call``: the target copies and the
+hand-overs still come once per ``--target-update`` and ``--weights-every`` updates, and every
+run stops at ``--frames`` exactly (the last frames, fewer than K, are stepped without an update).
 
 Progress: a first line naming the game and settings, then a ``progress:`` line every
 ``--log-every`` seconds (frames and their rate, updates, games and their mean score, epsilon)
@@ -195,7 +197,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
-from expreplay.interrupts import stop_on_signals, uninterrupted  # noqa: E402
+from expreplay.interrupts import stop_on_signals  # noqa: E402
 
 minatar.gym.register_envs()
 
@@ -305,6 +307,14 @@ def build_learner(num_actions, channels, seed, lr, updates_per_call=1):
     optimizer = centred_rmsprop(lr)
     return (network, optimizer, (params, params, optimizer.init(params)),
             make_update(optimizer, updates_per_call))
+
+
+def crossed(before, after, every):
+    """Whether a count going from ``before`` to ``after`` passed a multiple of ``every``: a
+    schedule of every N updates then fires once per N updates whatever the updates per call,
+    also after a resume whose count is not a multiple of this run's (``count % N == 0`` would
+    never hold again)."""
+    return after // every > before // every
 
 
 def epsilon(frame, args):
@@ -488,9 +498,9 @@ def resources():
             f"open files {files}, resident {rss} MB")
 
 
-@uninterrupted   # a signal's handler waits until the file is written
 def save_learner(path, state, counters):
-    """The learner's pytrees as numbered leaves plus its counters, replaced atomically."""
+    """The learner's pytrees as numbered leaves plus its counters, replaced atomically: a
+    save cut short (a first Ctrl-C arriving in it) leaves the previous file whole."""
     leaves = {f'leaf{i}': np.asarray(x) for i, x in enumerate(jax.tree.leaves(state))}
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     tmp = path + '.tmp.npz'
@@ -599,15 +609,25 @@ def train(args):
                     # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
                     new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
                                            batch.next_state[..., 0], batch.discount, batch.weights)
-                    if updates % args.weights_every == 0:
+                    if crossed(updates - per_call, updates, args.weights_every):
                         # The weights before this update act for the next frames.
                         policy.load(state[0], updates - resumed_updates)
                     state = new_state
                     updates += per_call
                     lag.updates = updates - resumed_updates
-                    frames = memory.num_steps_written
-                    if updates % args.target_update == 0:
+                    if crossed(updates - per_call, updates, args.target_update):
                         state = (state[0], state[0], state[2])
+                    stored, queued = stream.population.progress()
+                    requested = resumed_frames + stored + queued   # what the next batch adds to
+                    last = requested + per_call > args.frames
+                    if last:
+                        # The next batch would step K frames past --frames (fewer are left when
+                        # --frames is not the fill's end plus a multiple of K, or after a resume
+                        # with another K): the frames left are stepped here, with no update.
+                        for _ in range(args.frames - requested):
+                            stream.population.step(stream.population.exploration)
+                        stream.population.wait_idle()
+                    frames = memory.num_steps_written
                     if args.prioritized:
                         # One batch late: reading this batch's |TD| now would wait for the update.
                         if pending is not None:
@@ -633,7 +653,7 @@ def train(args):
                         saved = memory.num_steps_written
                         save_learner(learner_file, state, {'frames': saved, 'updates': updates})
                         next_save = (saved // every + 1) * every
-                    if frames >= args.frames:
+                    if last or frames >= args.frames:
                         break
         finally:
             # The stream is closed: the players are stopped and the memory is saved, at its

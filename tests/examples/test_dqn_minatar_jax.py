@@ -15,6 +15,7 @@ Each run is a subprocess that imports the example and runs its ``main`` (this fi
 script, is that subprocess).
 """
 
+import json
 import os
 import re
 import signal
@@ -341,9 +342,8 @@ def test_several_players_with_a_staleness_window_train_and_log_their_frames(tmp_
                    '--weights-every', '8', '--returns', 'returns.csv'], tmp_path)
     assert '2 players' in out, out[:500]
     frames, games, lag, lag_max, age, age_max = last_line(out)
-    # The stop drops the requests still queued: the memory holds the frames asked for, give or
-    # take the window.
-    assert 1000 <= frames <= 1000 + 4 and 0 <= lag <= lag_max, out[-300:]
+    # No request past --frames, and the last ones are stored before the stop: exactly 1,000.
+    assert frames == 1000 and 0 <= lag <= lag_max, out[-300:]
     # Weights handed over every 8 updates (every other call of 4): the players act with
     # weights 4 or 8 updates old (after each call: always 4).
     assert 4 < age <= age_max == 8, out[-300:]
@@ -439,3 +439,77 @@ print('ok')
     out = subprocess.run([sys.executable, '-c', code, EXAMPLE_DIR], capture_output=True, text=True,
                          timeout=300, env=dict(os.environ, OPENBLAS_NUM_THREADS='1'))
     assert out.returncode == 0 and out.stdout.strip() == 'ok', out.stderr[-3000:]
+
+
+RESUMED_ACROSS_K = '''
+import json, sys; sys.path.insert(0, sys.argv[1])
+import numpy as np
+import dqn_minatar_jax as ex
+
+calls = []     # per call of the update: the (online, target) weights it was given
+handed = []    # the versions of the weights handed to the players
+build = ex.build_learner
+
+def build_learner(*args, **kwargs):
+    network, optimizer, state, update = build(*args, **kwargs)
+    def recorded(state, *batch):
+        calls.append((state[0], state[1]))
+        return update(state, *batch)
+    return network, optimizer, state, recorded
+
+load = ex.GreedyPolicy.load
+
+def recorded_load(self, params, version=0):
+    handed.append(version)
+    load(self, params, version)
+
+ex.build_learner, ex.GreedyPolicy.load = build_learner, recorded_load
+
+def saved(ckpt):
+    with np.load(ckpt + '/learner.npz') as f:
+        return int(f['frames']), int(f['updates'])
+
+runs = []
+for ckpt, frames, k in (('fresh', 701, 4), ('ckpt', 706, 1), ('ckpt', 1201, 4)):
+    calls.clear(), handed.clear()
+    resumed = saved(ckpt)[1] if ckpt == 'ckpt' and runs[1:] else 0
+    ex.main(['--frames', str(frames), '--updates-per-call', str(k), '--replay-start', '200',
+             '--memory-size', '3000', '--target-update', '100', '--weights-every', '8',
+             '--log-every', '1e9', '--checkpoint-dir', ckpt, '--returns', ckpt + '.csv'])
+    # Call i is given the state after resumed + k * i updates: the target changed before it
+    # was copied then (to the online weights it is given).
+    copies = [resumed + k * i for i in range(1, len(calls))
+              if calls[i][1] is not calls[i - 1][1] and calls[i][1] is calls[i][0]]
+    memory = ex.ReplayMemory.load(ckpt + '/memory/replay_memory.npz').num_steps_written
+    runs.append(dict(saved=saved(ckpt), memory=memory, resumed=resumed, copies=copies,
+                     handed=handed[1:]))   # handed[0]: the weights the players start with
+print('RUNS ' + json.dumps(runs))
+'''
+
+
+@pytest.mark.timeout(LEARNING_TIMEOUT)
+def test_a_resume_with_another_updates_per_call_keeps_the_schedules_and_the_frames(tmp_path):
+    # A fresh run of 4 updates per call whose --frames is not the fill plus a multiple of 4;
+    # a run of 1 per call (saved at update 507, no multiple of 4) resumed with 4: each stops
+    # at --frames exactly, and the resumed one copies the target once per 100 updates and
+    # hands the weights over once per 8.
+    pytest.importorskip('jax')
+    pytest.importorskip('minatar')
+    out = subprocess.run([sys.executable, '-c', RESUMED_ACROSS_K, EXAMPLE_DIR], capture_output=True,
+                         text=True, cwd=tmp_path, timeout=600,
+                         env=dict(os.environ, OPENBLAS_NUM_THREADS='1'))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    fresh, first, resumed = json.loads(out.stdout.split('RUNS ', 1)[1])
+    for run, frames in ((fresh, 701), (first, 706), (resumed, 1201)):
+        assert run['saved'][0] == run['memory'] == frames, run
+        assert f'training done: {frames} frames' in out.stdout
+    assert max(f for f, _ in returns_rows(tmp_path / 'fresh.csv')) <= 701
+    assert max(f for f, _ in returns_rows(tmp_path / 'ckpt.csv')) <= 1201
+    assert resumed['resumed'] == first['saved'][1] == 507, (first, resumed)
+    # The copies: at the first count of the resumed run's calls (507 + 4i) past each multiple
+    # of 100 (the one at 1003 comes after the last call: no call is given it).
+    assert resumed['copies'] == [603, 703, 803, 903], resumed
+    end = resumed['saved'][1] - resumed['resumed']
+    versions = resumed['handed']
+    assert versions and versions[0] <= 8 and set(np.diff(versions)) == {8}, versions
+    assert versions[-1] > end - 4 - 8, (versions[-1], end)   # up to the last call's
