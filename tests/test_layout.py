@@ -147,7 +147,7 @@ OWNED_TABLES = {
     'expreplay.storage.ring': {
         'frames', 'action', 'reward', 'epstep', 'flags', 'extras', 'block_fill', 'block_prev',
         'block_next', 'block_prev_intact', 'block_state', 'block_gen', 'free', 'retired',
-        'abandoned', 'num_valid', 'num_steps_written'},
+        'abandoned', 'counts'},
     'expreplay.storage.priority': {'max_priority', 'stale_updates', '_pending'},
     # A runner's state is its own; what the acting group owns (reset flags, step counts) the
     # runner reads from the group.
@@ -210,7 +210,7 @@ def test_only_the_owner_writes_its_tables():
 
 @pytest.mark.parametrize('line', [
     'ring.flags[slots] = 0', 'self._ring.block_fill[b] += 1', 'ring.extras[name][cur] = v',
-    'prio.max_priority = 2.0', 'ring.retired.append(3)', 'a, ring.num_valid = 1, 2'])
+    'prio.max_priority = 2.0', 'ring.retired.put(3, 4)', 'a, ring.counts[0] = 1, 2'])
 def test_the_ownership_check_sees_a_foreign_write(line):
     assert len(_foreign_writes(line, 'expreplay.storage.writers')) == 1
     assert _foreign_writes('self.flags[0] = 1\nring.flags[0]', 'expreplay.acting.lanes') == []

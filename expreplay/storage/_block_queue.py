@@ -5,6 +5,7 @@ ring's free list and eviction order, written inside journaled writes
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -36,8 +37,8 @@ class BlockQueue:
     def __iter__(self) -> Iterator[int]:
         return iter(self.tolist())
 
-    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
-        return np.array(self.tolist(), np.int64 if dtype is None else dtype)
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return np.array(self.tolist(), dtype=np.int64 if dtype is None else dtype)
 
     def __repr__(self) -> str:
         return f"BlockQueue({self.tolist()})"

@@ -12,6 +12,7 @@ from typing import NoReturn, Protocol
 import numpy as np
 
 from . import _slots as _mem   # the slot flags and block states
+from ._block_queue import BlockQueue
 
 __all__ = ['validate']
 
@@ -25,19 +26,21 @@ class BlockRing(Protocol):
     block_size: int
     history_len: int
     num_slots: int
-    num_valid: int
     block_fill: np.ndarray
     block_prev: np.ndarray
     block_next: np.ndarray
     block_state: np.ndarray
     block_prev_intact: np.ndarray
     block_gen: np.ndarray
-    free: collections.deque[int]
-    retired: collections.deque[int]
+    free: BlockQueue
+    retired: BlockQueue
     flags: np.ndarray
     epstep: np.ndarray
     reward: np.ndarray
     extras: dict[str, np.ndarray]
+
+    @property
+    def num_valid(self) -> int: ...
 
     def history_index(self, slots: np.ndarray) -> np.ndarray: ...
 

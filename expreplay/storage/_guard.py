@@ -123,8 +123,7 @@ class WriteGuard:
         """Finish a write an exception cut short, if there is one (a writer calls it before it
         reads its own cursors, which such a write may still have to store)."""
         if self.pending[0]:
-            with self:
-                pass
+            self.run(_nothing)
 
     def release_abandoned(self) -> bool:
         """Give back a hold of this thread's that an exception cut short (finishing its write
@@ -146,3 +145,7 @@ class WriteGuard:
             apply(*args)
             self._redo = None
         self.pending[0] = 0
+
+
+def _nothing() -> None:
+    """The critical section of :meth:`WriteGuard.settle`: entering the lock finishes the write."""

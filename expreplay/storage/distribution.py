@@ -212,6 +212,7 @@ class PrioritizedDistribution(SamplingDistribution):
     bytes_per_slot = 17       # the tree's sums and minima (ReplayMemory's docstring: 16.5)
 
     _index: PriorityIndex
+    published: list[int]
 
     def __init__(self, alpha: float, eps: float) -> None:
         self.alpha = float(alpha)

@@ -324,8 +324,10 @@ class PriorityIndex:
         count, each from values taken before (``max0``, ``stale0``); the skipped count goes
         to ``result``."""
         if live is None:
-            stale, top = self.tree.update_live(tokens, values, priorities, block_gen,
-                                               self._flags, block_size, self._valid_bit)
+            done = self.tree.update_live(tokens, values, priorities, block_gen, self._flags,
+                                         block_size, self._valid_bit)
+            assert done is not None      # has_kernel
+            stale, top = done
         else:
             stale, slots, values, top = live
             if len(slots):

@@ -367,6 +367,14 @@ class BlockRing(_LaneGeometry):
         self.distribution.on_publish(publication)
         _store(owner)
 
+    def stage_extras(self, taken: np.ndarray, extras: Mapping[str, np.ndarray]) -> None:
+        """The ``extras`` of steps about to be taken from ``taken``, slots in their writers'
+        active blocks that no step was taken from yet, stored before the C kernel publishes
+        the steps (unpublished rows: nothing reads them until then, and a declined call
+        leaves them to be written again)."""
+        for name, values in extras.items():
+            self.extras[name][taken] = values
+
     def _check_taken(self, slots, gens, actions, rewards, flags, extras):
         """:meth:`append`'s steps where some lie in a previous block or at the start of one:
         those whose slot was evicted since are dropped, and those whose history was cut are

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,7 +34,7 @@ from .._checks import check_bool, check_int
 from ._inputs import (as_frame, check_action, check_actions, check_extras, check_flags,
                       check_frames, check_reward, check_rewards)
 from ._slots import _HAS_ACTION, _VALID
-from .ring import BlockRing
+from .ring import BlockRing, Stores
 
 __all__ = ['BatchWriter', 'LaneWriter', 'TensorpackAppender']
 
@@ -204,11 +204,7 @@ class BatchWriter:
             extras = check_extras(extras, ring.extra_fields, len(lanes))
             if (self._cur_off[lanes] < ring.history_len - 1).any():
                 return False      # a current slot in the previous block: the numpy path's
-            # The steps' slots are the lanes' current ones in their active blocks, which only
-            # this writer writes and the kernel publishes: their extras may go first.
-            taken = self._cur_slot[lanes]
-            for name, values in extras.items():
-                ring.extras[name][taken] = values
+            ring.stage_extras(self._cur_slot[lanes], extras)
         return store.steps(lanes, actions, next_frames, rewards, terminated, truncated) >= 0
 
     def close(self) -> None:
@@ -295,10 +291,17 @@ class BatchWriter:
         bs = ring.block_size
         blocks = self._block
         for j in np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs)).tolist():
-            # The block is the lane's in the claim's own commit; the lane's current
-            # observation now lies in the previous block.
-            ring.reserve(int(blocks[j]), lambda block, j=j: (
-                (blocks, j, block), (self._next, j, block * bs), (self._cur_off, j, -1)))
+            ring.reserve(int(blocks[j]), self._lane_claims(j))
+
+    def _lane_claims(self, lane: int) -> Callable[[int], Stores]:
+        """The cursor stores that make a claimed block ``lane``'s, committed with the claim;
+        the lane's current observation then lies in the previous block."""
+        bs = self._ring.block_size
+
+        def stores(block: int) -> Stores:
+            return ((self._block, lane, block), (self._next, lane, block * bs),
+                    (self._cur_off, lane, -1))
+        return stores
 
     def _advance(self, lanes, slots, epsteps):
         """The cursor stores (committed with the ring's write) that make the frames written
