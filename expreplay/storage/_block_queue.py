@@ -65,3 +65,13 @@ class BlockQueue:
     def drop_to(self, head: int) -> None:
         """Forget the blocks before position ``head``."""
         self.head = head
+
+    def ends(self) -> tuple[int, int]:
+        """``(head, tail)``: what :meth:`restore` takes back to (the blocks stored between
+        stay where they are until a :meth:`put` overwrites them)."""
+        return self.head, self.tail
+
+    def restore(self, ends: tuple[int, int]) -> None:
+        """The queue as it was when :meth:`ends` was read, with no :meth:`put` at or below
+        its tail since."""
+        self.head, self.tail = ends

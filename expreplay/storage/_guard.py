@@ -100,10 +100,32 @@ class WriteGuard:
         """Run ``apply(*args)``, the stores of one write, as one: if an exception cuts it short,
         the next entry into the lock runs it again. ``apply`` stores values computed before
         (running it twice gives the tables of running it once) and raises nothing of its own.
-        Caller holds the lock."""
-        self.begin(apply, *args)
+        Inside a write opened by :meth:`undoable`, this is that write's commit point: its first
+        part stays done. Caller holds the lock."""
+        self.pending[0] = 1
+        self._redo = (apply, args)           # the commit point
         apply(*args)
         self.end()
+
+    def undoable(self) -> list[tuple[Callable[..., Any], tuple[Any, ...]]]:
+        """Open a write whose first part is undone if it is cut short before its
+        :meth:`commit`: returns its undo log, to which each change of that part adds
+        ``(restore, args)`` (absolute stores of the values before it) before it changes
+        anything; the log is run newest first. Caller holds the lock."""
+        log: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.begin(_run_newest_first, log)
+        return log
+
+    def note(self, restore: Callable[..., Any], *args: Any) -> None:
+        """Add ``restore(*args)`` to the undo log of the write opened by :meth:`undoable`
+        (before the change it undoes). Caller holds the lock, inside such a write."""
+        assert self._redo is not None and self._redo[0] is _run_newest_first
+        self._redo[1][0].append((restore, args))
+
+    def abort(self) -> None:
+        """Undo the write opened by :meth:`undoable` now (it failed before its commit).
+        Caller holds the lock."""
+        self._finish()
 
     def begin(self, recover: Callable[..., Any], *args: Any) -> None:
         """From here until :meth:`end`, a cut short run leaves ``recover(*args)`` for the next
@@ -145,6 +167,12 @@ class WriteGuard:
             apply(*args)
             self._redo = None
         self.pending[0] = 0
+
+
+def _run_newest_first(log: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+    """An undo log run: the restores, newest first."""
+    for restore, args in reversed(log):
+        restore(*args)
 
 
 def _nothing() -> None:

@@ -87,6 +87,15 @@ class SamplingDistribution(abc.ABC):
         ring's slot-flag table (one per slot), which a distribution may keep to read VALID;
         ``guard`` the ring's lock, whose journal its own writes go through."""
 
+    def make_room(self, n: int) -> None:
+        """Make sure :meth:`prepare_publish` of up to ``n`` slots writes nothing of its own
+        (a write that claims blocks calls it first). Under the lock."""
+
+    def snapshot(self, slots: np.ndarray) -> tuple[Callable[..., Any], tuple[Any, ...]] | None:
+        """``(restore, args)`` that puts the state of ``slots`` back as it is now (for an
+        undo log), or None when this distribution keeps no state per slot."""
+        return None
+
     @abc.abstractmethod
     def prepare_publish(self, slots: np.ndarray) -> Any:
         """What :meth:`on_publish` stores for steps taken from ``slots`` (an int array) that
@@ -248,6 +257,14 @@ class PrioritizedDistribution(SamplingDistribution):
 
     def prepare_publish(self, slots: np.ndarray) -> tuple[int, list[int]]:
         return self._index.prepare_publish(slots)
+
+    def make_room(self, n: int) -> None:
+        if len(self.published) + n >= PriorityIndex.FLUSH_AT:
+            self._index.flush()
+
+    def snapshot(self, slots: np.ndarray) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        tree = self._index.tree
+        return tree.set, (slots, tree.get(slots).copy())
 
     def on_publish(self, publication: tuple[int, list[int]]) -> None:
         self._index.on_publish(publication)

@@ -241,19 +241,37 @@ class BlockRing(_LaneGeometry):
     # ``owner`` is the writer's part of the same write: (array, index, value) stores of its
     # cursors, so that a write cut short never leaves the tables and the writer disagreeing.
 
-    def reserve(self, prev_block: int, owner: Callable[[int], Stores]) -> int:
-        """A new active block for a writer's lane, linked after ``prev_block`` (-1: a new
-        lane), which retires; ``owner(block)``: the writer's cursor stores that record the
-        block as its lane's (committed with it). Evicts the oldest retired block when no block
-        is free (I6). Takes the lock. Raises RuntimeError when every block is held by a
-        writer."""
-        return self.lock.run(self._reserve, prev_block, owner)
-
-    def _reserve(self, prev_block: int, owner: Callable[[int], Stores]) -> int:
+    def open_claims(self, cursors: Sequence[np.ndarray]) -> list:
+        """Begin a write that claims blocks (:meth:`claim`) before its steps: returns its undo
+        log, which holds from now what puts the tables and the writer's ``cursors`` back as
+        they are, so that a write cut short before its commit (:meth:`start_held`,
+        :meth:`append_held`) leaves no claim and no eviction behind. Caller holds the lock."""
         while self.abandoned:
-            # Retired before it leaves the queue: a cut short retire is done again.
+            # Retired before it leaves the queue: a cut short retire is done again. (Blocks
+            # given back, not part of the write.)
             self._retire_active(self.abandoned[0])
             self.abandoned.popleft()
+        log = self.lock.undoable()
+        log.append((self._put_back, (
+            [(table, table.copy()) for table in (
+                self.block_fill, self.block_prev, self.block_next, self.block_prev_intact,
+                self.block_state, self.block_gen, self.counts, *cursors)],
+            self.free.ends(), self.retired.ends())))
+        return log
+
+    def _put_back(self, tables, free, retired):
+        """An undo of :meth:`open_claims`: the block tables, counts and cursors as they were."""
+        for table, before in tables:
+            table[:] = before
+        self.free.restore(free)
+        self.retired.restore(retired)
+
+    def claim(self, prev_block: int, owner: Callable[[int], Stores], log: list) -> int:
+        """A new active block for a writer's lane, linked after ``prev_block`` (-1: a new
+        lane), which retires; ``owner(block)``: the writer's cursor stores that record the
+        block as its lane's. Evicts the oldest retired block when no block is free (I6). In a
+        write opened by :meth:`open_claims` (its undo ``log``). Caller holds the lock. Raises
+        RuntimeError when every block is held by a writer."""
         eviction = None
         if self.free:
             block = self.free.first()
@@ -265,10 +283,32 @@ class BlockRing(_LaneGeometry):
                 f"all {self.num_blocks} blocks of the replay memory are held by writers: too "
                 f"many writers for {self.num_slots} slots with block_size={self.block_size}; "
                 "use a smaller block_size or fewer writers")
-        self.lock.commit(self._claimed, block, prev_block, eviction,
-                         int(self.block_gen[block]) + 1, self.free.head + 1,
-                         self.retired.head + 1, self.retired.tail, owner(block))
+        if eviction is not None:
+            _, lo, _, broken, _ = eviction
+            slots = np.arange(lo, lo + self.block_size)
+            if broken is not None:
+                slots = np.concatenate([slots, broken])
+            log.append((self._flags_back, (slots, self.flags[slots].copy())))
+            restore = self.distribution.snapshot(slots)
+            if restore is not None:
+                log.append(restore)
+        self._claimed(block, prev_block, eviction, int(self.block_gen[block]) + 1,
+                      self.free.head + 1, self.retired.head + 1, self.retired.tail, owner(block))
         return block
+
+    def _frames_held(self, slots: np.ndarray, frames: np.ndarray) -> None:
+        """Frames written in a write that claimed blocks: a claimed block may be an evicted
+        one, whose frames the write's undo puts back."""
+        self.lock.note(self._frames_back, slots, self.frames[slots].copy())
+        self.frames[slots] = frames
+
+    def _frames_back(self, slots: np.ndarray, frames: np.ndarray) -> None:
+        """An undo of :meth:`_frames_held`."""
+        self.frames[slots] = frames
+
+    def _flags_back(self, slots: np.ndarray, flags: np.ndarray) -> None:
+        """An undo of an eviction's flags."""
+        self.flags[slots] = flags
 
     def _claimed(self, block: int, prev_block: int, eviction: tuple | None, gen: int,
                  free_head: int, retired_head: int, retired_tail: int, owner: Stores) -> None:
@@ -310,6 +350,12 @@ class BlockRing(_LaneGeometry):
         self.frames[slots] = frames    # outside the lock: the slots are the writer's, unpublished
         self.lock.run(self._start, blocks, slots, owner)
 
+    def start_held(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray,
+                   owner: Stores) -> None:
+        """:meth:`start` for a caller that holds the lock (a write that claimed blocks)."""
+        self._frames_held(slots, frames)
+        self._start(blocks, slots, owner)
+
     def _start(self, blocks, slots, owner):
         self.lock.commit(self._started, blocks, self.block_fill[blocks] + 1, slots, owner)
 
@@ -337,6 +383,14 @@ class BlockRing(_LaneGeometry):
         self.frames[slots] = frames   # outside the lock (I1, I2)
         self.lock.run(self._append, blocks, slots, epsteps, taken, gens, actions, rewards,
                       flags, extras, owner)
+
+    def append_held(self, blocks: np.ndarray, slots: np.ndarray, frames: np.ndarray,
+                    epsteps: np.ndarray, taken: np.ndarray, gens: np.ndarray | None,
+                    actions: np.ndarray, rewards: np.ndarray, flags: np.ndarray | np.uint8,
+                    extras: Mapping[str, np.ndarray] | None, owner: Stores) -> None:
+        """:meth:`append` for a caller that holds the lock (a write that claimed blocks)."""
+        self._frames_held(slots, frames)
+        self._append(blocks, slots, epsteps, taken, gens, actions, rewards, flags, extras, owner)
 
     def _append(self, blocks, slots, epsteps, taken, gens, actions, rewards, flags, extras,
                 owner):

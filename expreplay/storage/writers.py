@@ -132,8 +132,20 @@ class BatchWriter:
         if not checked:
             frames = _batch(check_frames(frames, ring.state_shape, ring.dtype, 'frames'),
                             len(lanes), 'frames', ndim=2)
-        slots = self._slots(lanes)
-        ring.start(self._block[lanes], slots, frames, self._advance(lanes, slots, 0))
+        if self._safe[0] > 0:
+            self._start(lanes, frames)
+        else:
+            ring.lock.run(self._claim_then, self._start, lanes, frames)
+
+    def _start(self, lanes, frames, safe=None):
+        """:meth:`start_episodes`' write, once the lanes have room (``safe``: the calls left
+        then, when the blocks were just claimed, under the lock, in the same write)."""
+        slots = self._next[lanes]
+        owner = self._advance(lanes, slots, 0, safe)
+        if safe is None:
+            self._ring.start(self._block[lanes], slots, frames, owner)
+        else:
+            self._ring.start_held(self._block[lanes], slots, frames, owner)
 
     def add_steps(self, lanes: Any, actions: Any, rewards: Any, next_frames: Any, terminated: Any,
                   truncated: Any, *, checked: bool = False,
@@ -165,6 +177,16 @@ class BatchWriter:
             truncated = _batch(check_flags(truncated, 'truncated'), n, 'truncated')
         if ring.extras or extras:
             extras = check_extras(extras, ring.extra_fields, n)
+        args = (lanes, cur, actions, rewards, next_frames, terminated, truncated, extras)
+        if self._safe[0] > 0:
+            self._append(*args)
+        else:
+            ring.lock.run(self._claim_then, self._append, *args)
+
+    def _append(self, lanes, cur, actions, rewards, next_frames, terminated, truncated, extras,
+                safe=None):
+        """:meth:`add_steps`' write, once the lanes have room (``safe`` as in :meth:`_start`)."""
+        ring = self._ring
         ended = terminated | truncated
         any_end = ended.any()
         if any_end:
@@ -172,17 +194,38 @@ class BatchWriter:
                 | np.uint8(_HAS_ACTION | _VALID)
         else:
             flags = np.uint8(_HAS_ACTION | _VALID)
-        slots = self._slots(lanes)
-        # After _slots: a lane that just took a new block has its current slot in the previous
-        # block now (_cur_off -1), which another writer's claim may evict before we publish.
+        slots = self._next[lanes]
+        # A lane that just took a new block has its current slot in the previous block
+        # (_cur_off -1), which another writer's claim may evict before we publish.
         careful = (self._cur_off[lanes] < ring.history_len - 1).any()
         epsteps = self._cur_epstep[lanes] + 1
-        owner = self._advance(lanes, slots, epsteps)
+        owner = self._advance(lanes, slots, epsteps, safe)
         if any_end:
             owner.append((self._cur_slot, lanes[ended], -1))     # the lanes' episodes ended
-        ring.append(self._block[lanes], slots, next_frames, epsteps, cur,
-                    self._cur_gen[lanes] if careful else None, actions, rewards, flags, extras,
-                    owner)
+        write = ring.append if safe is None else ring.append_held
+        write(self._block[lanes], slots, next_frames, epsteps, cur,
+              self._cur_gen[lanes] if careful else None, actions, rewards, flags, extras, owner)
+
+    def _claim_then(self, write, *args):
+        """Under the lock: a new block for every lane whose block is full, then ``write(*args,
+        safe=...)``, as one write of the ring: the claims (and the evictions they make) are
+        undone if the write is cut short before it commits (:meth:`BlockRing.open_claims`)."""
+        ring = self._ring
+        ring.distribution.make_room(self.num_lanes)     # before the claims: a write of its own
+        try:
+            try:
+                safe = self._claim_full_lanes(ring.open_claims(self._cursors()))
+            except RuntimeError:
+                # Every block is held: by writers alive, or by ones dropped in a reference
+                # cycle, which only the cycle collector finds (their finalizers give the
+                # blocks back, and the next claims take them).
+                ring.lock.abort()
+                gc.collect()
+                safe = self._claim_full_lanes(ring.open_claims(self._cursors()))
+            write(*args, safe=safe)
+        except BaseException:
+            ring.lock.abort()     # the claims undone now (or by the next entry, if cut short)
+            raise
 
     def try_add_steps(self, lanes: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
                       next_frames: np.ndarray, terminated: np.ndarray, truncated: np.ndarray, *,
@@ -214,17 +257,6 @@ class BatchWriter:
         self._ring.retire(self._block, ((self._block, slice(None), -1),
                                         (self._cur_slot, slice(None), -1)))
         self._closed = True
-
-    def refill(self) -> bool:
-        """When a call could find a lane's block full (no call left before one may be), give
-        the full lanes new blocks now, so that the next call's common case runs in the C
-        kernel; True if it did. (A block it claims for a call that then fails its checks
-        simply waits for the lane's next frame.)"""
-        if self._safe[0] > 0 or self._closed:
-            return False
-        self._ring.lock.settle()
-        self._claim_where_full()
-        return True
 
     def kernel_binding(self) -> Any:
         """The ring's C kernel bound to this writer's cursors when it was built (None: not
@@ -267,31 +299,15 @@ class BatchWriter:
             raise ValueError(f"lanes must be distinct (one step per lane per call), got {arr.tolist()}")
         return arr
 
-    def _slots(self, lanes):
-        """The slot each lane writes its next frame to (claiming blocks where full)."""
-        if self._safe[0] <= 0:
-            self._claim_where_full()
-        self._safe[0] -= 1
-        return self._next[lanes]
-
-    def _claim_where_full(self):
-        """Give every lane with a full (or no) block a new one; recount ``_safe``."""
-        try:
-            self._claim_full_lanes()
-        except RuntimeError:
-            # Every block is held: by writers alive, or by ones dropped in a reference cycle,
-            # which only the cycle collector finds (their finalizers give the blocks back).
-            gc.collect()
-            self._claim_full_lanes()
-        bs = self._ring.block_size
-        self._safe[0] = int((self._block * bs + bs - self._next).min())
-
-    def _claim_full_lanes(self):
+    def _claim_full_lanes(self, log: list) -> int:
+        """Give every lane with a full (or no) block a new one, in the write whose undo
+        ``log`` is open; returns the calls left before some lane may need a block again."""
         ring = self._ring
         bs = ring.block_size
         blocks = self._block
         for j in np.flatnonzero((blocks < 0) | (self._next == blocks * bs + bs)).tolist():
-            ring.reserve(int(blocks[j]), self._lane_claims(j))
+            ring.claim(int(blocks[j]), self._lane_claims(j), log)
+        return int((blocks * bs + bs - self._next).min())
 
     def _lane_claims(self, lane: int) -> Callable[[int], Stores]:
         """The cursor stores that make a claimed block ``lane``'s, committed with the claim;
@@ -303,11 +319,14 @@ class BatchWriter:
                     (self._cur_off, lane, -1))
         return stores
 
-    def _advance(self, lanes, slots, epsteps):
+    def _advance(self, lanes, slots, epsteps, safe=None):
         """The cursor stores (committed with the ring's write) that make the frames written
-        at ``slots`` the lanes' current observations."""
+        at ``slots`` the lanes' current observations, and count the call (``safe``: the
+        calls left before it, when blocks were just claimed)."""
         block = self._block[lanes]
-        return [(self._next, lanes, slots + 1), (self._cur_slot, lanes, slots),
+        left = int(self._safe[0]) if safe is None else safe
+        return [(self._safe, 0, left - 1),
+                (self._next, lanes, slots + 1), (self._cur_slot, lanes, slots),
                 (self._cur_epstep, lanes, epsteps),
                 (self._cur_gen, lanes, self._ring.block_gen[block]),
                 (self._cur_off, lanes, slots - block * self._ring.block_size)]
@@ -350,8 +369,7 @@ class LaneWriter:
         An episode still open is abandoned: its steps so far stay sampleable.
         """
         store = self._store
-        if store is not None and (store.start(obs) >= 0 or (
-                self._writer.refill() and store.start(obs) >= 0)):
+        if store is not None and store.start(obs) >= 0:
             return
         frame = self._check_obs(obs, 'obs')
         self._writer.start_episodes(_LANE0, frame[None], checked=True)
@@ -372,10 +390,8 @@ class LaneWriter:
                 transition from the current observation.
         """
         store = self._store
-        if store is not None and extras is None and (store.step(
-                action, reward, next_obs, terminated, truncated) >= 0 or (
-                self._writer.refill() and store.step(
-                    action, reward, next_obs, terminated, truncated) >= 0)):
+        if store is not None and extras is None \
+                and store.step(action, reward, next_obs, terminated, truncated) >= 0:
             # The common case (int action, float reward, a frame of the memory's shape and
             # dtype, bool ends, room in the block) checked and stored in one C call.
             return
