@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import logging
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from typing import IO
 
@@ -28,16 +28,16 @@ logger = logging.getLogger('expreplay.storage.memory')
 
 _TEMP_TAG = '.tmp-'
 
-_live_lock = threading.Lock()
-_live_temps: set[str] = set()        # temporary files this process is writing now
-_temp_counter = [0]
+# Temporary files this process is writing now, for the liveness test of a system without
+# flock. No lock guards these: next() of a count and a set's add and discard are single C
+# calls, which no exception (a Ctrl-C) can cut part-way, and a lock held across an
+# interruptible point could be left held.
+_live_temps: set[str] = set()
+_temp_counter = itertools.count(1)
 
 
 def _temp_path(path):
-    with _live_lock:
-        _temp_counter[0] += 1
-        n = _temp_counter[0]
-    return f"{path}{_TEMP_TAG}{socket.gethostname()}-{os.getpid()}-{n}"
+    return f"{path}{_TEMP_TAG}{socket.gethostname()}-{os.getpid()}-{next(_temp_counter)}"
 
 
 def _temp_owner(tmp, path):
@@ -64,15 +64,17 @@ def _pid_alive(pid):
 
 def _writer_gone(tmp, host, pid):
     """True when nobody is writing ``tmp`` any more."""
-    if tmp in _live_temps:
-        return False
     if host is not None and host != socket.gethostname():
         return False                # another machine's save (shared filesystem): can't tell
-    if pid == os.getpid():
-        return True                 # ours, and not being written: a save that died with a
-        #                             previous process of the same pid (containers reuse pids)
     if fcntl is None:
+        if tmp in _live_temps:
+            return False
+        if pid == os.getpid():
+            return True             # ours, and not being written: a save that died with a
+            #                         previous process of the same pid (containers reuse pids)
         return os.name == 'posix' and not _pid_alive(pid)
+    # This process's own saves too: a save cut short where its clean-up could not run (an
+    # exception as its generator yields) left its file; its flock went with the file object.
     # A writer holds an exclusive flock while it writes; the kernel drops it when the writer
     # dies, so a free lock means a dead save even if the pid was reused since.
     try:
@@ -111,8 +113,7 @@ def atomic_write(path: str) -> Iterator[IO[bytes]]:
     while still locked) when the block ends without an exception, removed otherwise."""
     remove_dead_temps(path)
     tmp = _temp_path(path)
-    with _live_lock:
-        _live_temps.add(tmp)
+    _live_temps.add(tmp)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         with os.fdopen(fd, 'wb') as f:
@@ -130,8 +131,7 @@ def atomic_write(path: str) -> Iterator[IO[bytes]]:
             pass
         raise
     finally:
-        with _live_lock:
-            _live_temps.discard(tmp)
+        _live_temps.discard(tmp)
 
 
 def _fsync_directory(directory):

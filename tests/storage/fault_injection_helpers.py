@@ -663,10 +663,9 @@ def drive(results, loop):
         raise box['error']
 
 
-# The module-level locks of the code a fault can land in (a save's temporary-file registry, the
-# kernel registry): a hold left there stops every later save, or every memory built later.
-MODULE_LOCKS = {'expreplay.storage._atomic_file._live_lock': _atomic_file._live_lock,
-                'expreplay._kernels._lock': _kernels._lock}
+# The module-level locks of the code a fault can land in (the kernel registry): a hold left
+# there stops every memory built later.
+MODULE_LOCKS = {'expreplay._kernels._lock': _kernels._lock}
 
 
 def retake_locks(mem, problems):
@@ -904,6 +903,10 @@ def inject_checkpoint_op(path, op_name, seed, tmpdir, exc=Injected):
     def after_save(mem, _):
         problems = {}
         _check_ring_into(mem, problems)
+        # The cut-short save's objects collected first, as they are once the exception is
+        # handled: a file object still alive (the traceback can hold the save's frame) holds
+        # its lock, and a temporary file a live writer holds is not a dead save's.
+        gc.collect()
         # The file at the path: the older checkpoint or the new one, whole.
         _compare(_load(target, problems), {'older file': c_old, 'new file': c_full}, problems)
         if _temps(target):
