@@ -51,7 +51,7 @@ changing nothing, then commits the stores as one through the lock's journal
 (:class:`~expreplay.storage._guard.WriteGuard`): a write cut short after its commit point is
 run again, whole, at the next entry into the lock; one cut short before it changed nothing.
 The stores are absolute (a count is stored as the value computed before, never incremented in
-place; the free and eviction lists are :class:`~expreplay.storage._block_queue.BlockQueue`\ s
+place; the free and eviction lists are :class:`~expreplay.storage._block_queue.BlockQueue` queues
 whose changes name their position), so running them twice is running them once. A writer's
 cursors are stored in the same commit as the tables they point into. The C write kernel's
 calls and the C critical sections (``WriteGuard.run``) take and release the lock in C, so no
