@@ -343,7 +343,8 @@ def main():
 
     rng = np.random.default_rng(0)
     pmem = ReplayMemory(args.size, (84, 84), 4, prioritized=True)
-    # The uniform twin: the same arrays (frames, flags, blocks) without the priority tree.
+    # The uniform twin: the same arrays (frames, flags, blocks, counts) without the priority
+    # tree.
     mem = copy.copy(pmem)
     mem.ring = copy.copy(pmem.ring)
     mem.ring.distribution = UniformDistribution()
@@ -351,7 +352,6 @@ def main():
     episodes = []
     t = time.perf_counter()
     pool = fill(pmem, args.size, rng, episodes=episodes)
-    mem.ring.num_valid = pmem.ring.num_valid
     print(f"filled {args.size} steps in {time.perf_counter() - t:.1f}s; {len(mem)} valid transitions")
     rb = urb = None
     if not args.no_cpprb:
