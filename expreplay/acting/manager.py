@@ -162,7 +162,9 @@ class EnvRunnerManager:
                             f"(e.g. a contextlib.contextmanager function), got {thread_context!r}")
         self._thread_context = thread_context or contextlib.nullcontext
         self.stuck_threads: list[str] = []
-        self._close_lock = threading.Lock()     # one close() at a time
+        # One close() at a time. Re-entrant: a hold that a KeyboardInterrupt left in a close
+        # cut short (between its acquire and its try) does not stop this thread's next close.
+        self._close_lock = threading.RLock()
         self._close_finished = False            # the threads joined and the groups closed
 
         self._window = StalenessWindow(self.maximum_staleness, self._check_usable, self._watch)

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -357,10 +358,18 @@ class Population:
             raise failed[0]
 
     def _join_builder(self, timeout: float | None) -> None:
+        """Wait up to ``timeout`` seconds (None: for ever) for the building thread to end,
+        also one whose ``start()`` an exception cut short: that thread may still be starting
+        (it then builds and, seeing the population closed, closes the manager itself)."""
         builder = self._builder
-        if builder is not None and builder.ident is not None \
-                and builder is not threading.current_thread():
-            builder.join(None if timeout is None or math.isinf(timeout) else timeout)
+        if builder is None or builder is threading.current_thread():
+            return
+        wait = None if timeout is None or math.isinf(timeout) else timeout
+        deadline = None if wait is None else time.monotonic() + wait
+        # Thread.join refuses a thread not started yet; its start is an Event of its own.
+        if not builder._started.wait(wait):      # type: ignore[attr-defined]
+            return       # cut short before the thread was created: it never runs
+        builder.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     @property
     def started(self) -> bool:

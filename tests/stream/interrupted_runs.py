@@ -149,7 +149,9 @@ def one_run(run, directory, delay, double, rng):
     return dict(run=run, phase=state['phase'], signal=int(signum), handled=handled,
                 players=stream.population.num_players, prioritized=stream.memory.prioritized,
                 problems=problems, loaded=loaded, in_memory=len(stream.memory),
-                alive=[t.name for t in alive], where=where(alive))
+                alive=[t.name for t in alive], where=where(alive),
+                lock=repr(stream.memory.ring.lock.raw) if alive else None,
+                idents={t.name: t.ident for t in threading.enumerate()} if alive else None)
 
 
 def where(threads):
