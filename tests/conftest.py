@@ -84,6 +84,9 @@ def pytest_addoption(parser):
                     help="'numpy': run every test on the numpy path, as without the C kernels")
     group.addoption('--default-prefetch', type=int, default=None, metavar='N',
                     help='the prefetch depth of every stream that is not given one')
+    group.addoption('--every-fault', action='store_true',
+                    help='also cut every call of the fault-injection scripts short at every '
+                    'point (samples included: about 10 minutes on one core)')
 
 
 @pytest.fixture(autouse=True)

@@ -107,8 +107,11 @@ def test_a_save_restore_or_load_cut_short_anywhere_leaves_memory_and_file_whole(
 @pytest.mark.parametrize('writer', ['lane', 'batch'])
 @pytest.mark.parametrize('kind', ALL_KINDS)
 def test_every_call_of_a_script_cut_short_anywhere_leaves_the_memory_whole(path, writer, kind,
-                                                                           fault_dir):
-    """Every call of the script (samples included), not only those that cover its lines."""
+                                                                           fault_dir, request):
+    """Every call of the script (samples included), not only those that cover its lines: run
+    with ``--every-fault`` (the other tests cut every write path at every point already)."""
+    if not request.config.getoption('--every-fault'):
+        pytest.skip('every call of every script: run with --every-fault (~10 minutes)')
     _on_path(path)
     _assert_kept(inject_writes(path, kind, writer, 1, fault_dir, exhaustive=True))
 
