@@ -214,11 +214,17 @@ static int lock_ring(StoreObject *st)
     return 0;
 }
 
-static PyObject *unlock_ring(StoreObject *st, PyObject *result)
+static PyObject *str_acquire, *str_release, *str_finish;
+
+/* A lock given back after a call: `release` (a bound method), or `lock.release()` when it is
+ * NULL. The call's own error, if one is set, is raised after; returns `result`, or NULL
+ * (`result` dropped) when the release itself fails. */
+static PyObject *release_after(PyObject *release, PyObject *lock, PyObject *result)
 {
     PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);     /* the write's own error, if any, raised after */
-    PyObject *r = PyObject_CallNoArgs(st->release);
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *r = release ? PyObject_CallNoArgs(release)
+                          : PyObject_CallMethodNoArgs(lock, str_release);
     if (!r) {
         Py_XDECREF(type);
         Py_XDECREF(value);
@@ -229,6 +235,11 @@ static PyObject *unlock_ring(StoreObject *st, PyObject *result)
     Py_DECREF(r);
     PyErr_Restore(type, value, tb);
     return result;
+}
+
+static PyObject *unlock_ring(StoreObject *st, PyObject *result)
+{
+    return release_after(st->release, NULL, result);
 }
 
 static PyObject *step_locked(StoreObject *st, PyObject *frame, int32_t action, float reward,
@@ -500,8 +511,6 @@ static PyTypeObject StoreType = {
  * KeyboardInterrupt) can land between a `with` block's body and its exit, which CPython does
  * not promise to run then; here the release follows the call in C, whatever it raised. */
 
-static PyObject *str_acquire, *str_release, *str_finish;
-
 PyDoc_STRVAR(locked_call_doc,
 "locked_call(lock, pending, guard, fn, *args) -> fn(*args), called holding lock\n\n"
 "Takes `lock`, finishes the write journal of `guard` first when its flag `pending` (a 1-byte\n"
@@ -540,19 +549,7 @@ static PyObject *locked_call(PyObject *mod, PyObject *const *args, Py_ssize_t na
     }
     if (!pending || r)
         result = PyObject_Vectorcall(fn, args + 4, (size_t)(nargs - 4), NULL);
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    r = PyObject_CallMethodNoArgs(lock, str_release);
-    if (!r) {
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        Py_XDECREF(result);
-        return NULL;
-    }
-    Py_DECREF(r);
-    PyErr_Restore(type, value, tb);
-    return result;
+    return release_after(NULL, lock, result);
 }
 
 static PyMethodDef module_methods[] = {
