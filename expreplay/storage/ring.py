@@ -209,18 +209,26 @@ class BlockRing(LaneGeometry):
             self.abandoned.popleft()
         log = self.lock.undoable()
         log.append((self._put_back, (
-            [(table, table.copy()) for table in (
-                self.block_fill, self.block_prev, self.block_next, self.block_prev_intact,
-                self.block_state, self.block_gen, self.counts, *cursors)],
+            [(table, table.copy()) for table in (self.counts, *cursors)],
             self.free.ends(), self.retired.ends())))
         return log
 
     def _put_back(self, tables, free, retired):
-        """An undo of :meth:`open_claims`: the block tables, counts and cursors as they were."""
+        """An undo of :meth:`open_claims`: the counts, the queues and the cursors as they were."""
         for table, before in tables:
             table[:] = before
         self.free.restore(free)
         self.retired.restore(retired)
+
+    def _block_rows(self) -> tuple[np.ndarray, ...]:
+        """The per-block tables a claim changes."""
+        return (self.block_fill, self.block_prev, self.block_next, self.block_prev_intact,
+                self.block_state, self.block_gen)
+
+    def _rows_back(self, blocks: np.ndarray, rows: list[np.ndarray]) -> None:
+        """An undo of a claim's per-block stores."""
+        for table, before in zip(self._block_rows(), rows):
+            table[blocks] = before
 
     def claim(self, prev_block: int, owner: Callable[[int], Stores], log: list) -> int:
         """A new active block for a writer's lane, linked after ``prev_block`` (-1: a new
@@ -239,6 +247,9 @@ class BlockRing(LaneGeometry):
                 f"all {self.num_blocks} blocks of the replay memory are held by writers: too "
                 f"many writers for {self.num_slots} slots with block_size={self.block_size}; "
                 "use a smaller block_size or fewer writers")
+        touched = [block, prev_block] if eviction is None else [block, prev_block, eviction[2]]
+        blocks = np.unique(np.array([b for b in touched if b >= 0], np.int64))
+        log.append((self._rows_back, (blocks, [t[blocks].copy() for t in self._block_rows()])))
         if eviction is not None:
             _, lo, _, broken, _ = eviction
             slots = np.arange(lo, lo + self.block_size)
