@@ -192,10 +192,8 @@ class BlockRing(LaneGeometry):
         return self.distribution.priorities
 
     # ------------------------------------------------------------------ writing (writers)
-    # Every write below prepares the values it stores (reading the tables under the lock,
-    # changing nothing), then commits them as one (``self.lock.commit``: the module docstring).
-    # ``owner`` is the writer's part of the same write: (array, index, value) stores of its
-    # cursors, so that a write cut short never leaves the tables and the writer disagreeing.
+    # Each write prepares its stores, then commits them as one (module docstring); ``owner``:
+    # the writer's cursor stores, committed with the tables they point into.
 
     def open_claims(self, cursors: Sequence[np.ndarray]) -> list:
         """Begin a write that claims blocks (:meth:`claim`) before its steps: returns its undo
