@@ -101,6 +101,13 @@ def test_a_save_restore_or_load_cut_short_anywhere_leaves_memory_and_file_whole(
     _assert_kept(inject_checkpoint_op(path, op, 0, fault_dir))
 
 
+def _every_fault(request):
+    """The exhaustive runs (~13 minutes on one core) only with ``--every-fault``: the
+    fast tests above cut every write path, save, restore and load at every point already."""
+    if not request.config.getoption('--every-fault'):
+        pytest.skip('exhaustive fault injection: run with --every-fault (~13 minutes on one core)')
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize('path', PATHS)
@@ -110,8 +117,7 @@ def test_every_call_of_a_script_cut_short_anywhere_leaves_the_memory_whole(path,
                                                                            fault_dir, request):
     """Every call of the script (samples included), not only those that cover its lines: run
     with ``--every-fault`` (the other tests cut every write path at every point already)."""
-    if not request.config.getoption('--every-fault'):
-        pytest.skip('every call of every script: run with --every-fault (~10 minutes)')
+    _every_fault(request)
     _on_path(path)
     _assert_kept(inject_writes(path, kind, writer, 1, fault_dir, exhaustive=True))
 
@@ -121,8 +127,10 @@ def test_every_call_of_a_script_cut_short_anywhere_leaves_the_memory_whole(path,
 @pytest.mark.parametrize('path', PATHS)
 @pytest.mark.parametrize('writer,kind', WRITES)
 def test_an_ordinary_exception_anywhere_in_a_write_leaves_the_memory_whole(path, writer, kind,
-                                                                           fault_dir):
-    """The fault as an exception the library's handlers may catch (and go on)."""
+                                                                           fault_dir, request):
+    """The fault as an exception the library's handlers may catch (and go on): run with
+    ``--every-fault``."""
+    _every_fault(request)
     _on_path(path)
     _assert_kept(inject_writes(path, kind, writer, 0, fault_dir, exc=InjectedError))
 
@@ -131,7 +139,8 @@ def test_an_ordinary_exception_anywhere_in_a_write_leaves_the_memory_whole(path,
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize('path', PATHS)
 @pytest.mark.parametrize('op', ['save', 'restore', 'load'])
-def test_an_ordinary_exception_anywhere_in_a_save_restore_or_load(path, op, fault_dir):
+def test_an_ordinary_exception_anywhere_in_a_save_restore_or_load(path, op, fault_dir, request):
+    _every_fault(request)
     _on_path(path)
     _assert_kept(inject_checkpoint_op(path, op, 0, fault_dir, exc=InjectedError))
 
