@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
+from .._threads import DaemonThread
 from .policy import as_q_values
 from ..errors import ManagerClosed, PredictorError
 
@@ -107,7 +108,7 @@ class InferenceThread:
         self.rows = 0
         self.max_rows_seen = 0
         self.busy_since: float | None = None
-        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self.thread = DaemonThread(self._serve, name)
         self.thread.start()
 
     def submit(self, states: np.ndarray, owner: object = None) -> Prediction:

@@ -25,11 +25,11 @@ import logging
 import math
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from .._threads import DaemonThread
 from .._checks import check_callable, check_int, check_probability, check_seed
 from ..stats import ManagerStats, PopulationStats, ScoreWindow
 from .exploration import Exploration, ExplorationArg
@@ -172,7 +172,7 @@ class Population:
         self._first_player: Any = None    # built by check_fits, given to the first runner
         self._closed = False
         self._starting = False            # a start() has claimed the population
-        self._builder: threading.Thread | None = None   # the thread building the manager
+        self._builder: DaemonThread | None = None   # the thread building the manager
         # Held for a few bytecodes only (never across user code or a wait), to claim a start.
         self._lock = threading.Lock()
 
@@ -340,8 +340,7 @@ class Population:
             if self._closed:
                 _close_quietly(manager)
 
-        builder = self._builder = threading.Thread(target=build, name='Population-start',
-                                                   daemon=True)
+        builder = self._builder = DaemonThread(build, 'Population-start')
         try:
             # Inside the try: start() waits for the thread to run, and a Ctrl-C in that wait
             # comes out of start() with the thread running.
@@ -364,12 +363,7 @@ class Population:
         builder = self._builder
         if builder is None or builder is threading.current_thread():
             return
-        wait = None if timeout is None or math.isinf(timeout) else timeout
-        deadline = None if wait is None else time.monotonic() + wait
-        # Thread.join refuses a thread not started yet; its start is an Event of its own.
-        if not builder._started.wait(wait):      # type: ignore[attr-defined]
-            return       # cut short before the thread was created: it never runs
-        builder.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        builder.join(None if timeout is None or math.isinf(timeout) else timeout)
 
     @property
     def started(self) -> bool:

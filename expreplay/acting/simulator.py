@@ -12,12 +12,12 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from .._threads import DaemonThread
 from .faults import Activity, Faults
 from ..errors import ManagerClosed
 from .window import InsertedSteps, Request, StalenessWindow
@@ -76,7 +76,7 @@ class SimulatorThread:
         self._faults = faults
         self._inference = inference
         self._thread_context = thread_context or contextlib.nullcontext
-        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread = DaemonThread(self._run, name)
 
     @property
     def name(self) -> str:

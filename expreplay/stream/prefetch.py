@@ -41,6 +41,7 @@ import time
 from typing import Any, Callable
 
 from .._checks import check_int
+from .._threads import DaemonThread
 
 __all__ = ['Prefetcher']
 
@@ -93,7 +94,7 @@ class Prefetcher:
         self.handed_out = 0
         self.waits = 0
         self.wait_time = 0.0
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = DaemonThread(self._run, name)
         if start:
             self._thread.start()
 
@@ -259,5 +260,4 @@ class Prefetcher:
             return False
         if self._thread.ident is None:     # never started (stopped first)
             return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return self._thread.join(timeout)

@@ -218,7 +218,8 @@ def test_streams_stopped_at_random_instants_save_checkpoints_that_load(tmp_path,
                      *(['--double'] if double else []), timeout=1400)
     assert len(rows) == runs
     assert [r['problems'] for r in rows if r['problems']] == []
-    assert [r['alive'] for r in rows if r['alive']] == []
+    left = [r for r in rows if r['alive']]
+    assert [r['alive'] for r in left] == [], [(r['run'], r['where'], r['lock']) for r in left]
     phases = [r['phase'] for r in rows]
     if not double:
         assert phases.count('fill') >= 100 and phases.count('training') >= 100, phases
