@@ -8,6 +8,7 @@ cases run in the optional C kernel ``expreplay.acting._acting_ext``; a policy bu
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,12 +31,18 @@ def as_q_values(outputs: Any) -> Any:
     a first item that is not a 2-D array (a row of Q-values, as ``list(q)`` gives; a number:
     the Q-values returned as Python lists) raises a :class:`PredictorError` saying what came
     and what to return instead, not a shape error about the first row.
+
+    A PyTorch tensor is read as its values, whatever it carries: one that requires grad (a
+    forward without ``torch.no_grad()``) is detached, one on a GPU is copied to the host, a
+    bfloat16 one is widened to float32. This module does not import torch: a tensor can only
+    come from a process that has.
     """
+    outputs = _from_tensor(outputs)
     if isinstance(outputs, (list, tuple)):
         if not outputs:
             raise PredictorError("predictor returned an empty list; expected [Q-values, ...] or "
                                  "a Q-value array")
-        first = outputs[0]
+        first = _from_tensor(outputs[0])
         if not (isinstance(first, np.ndarray) and first.ndim == 2) and _ndim(first) != 2:
             rows = (" (one row of Q-values per item, as list(q) or q.tolist() give)"
                     if _ndim(first) == 1 else "")
@@ -48,6 +55,17 @@ def as_q_values(outputs: Any) -> Any:
                 f"[q, ...] as tensorpack's predictors do")
         return first
     return outputs
+
+
+def _from_tensor(value: Any) -> Any:
+    """``value`` as a numpy array if it is a PyTorch tensor, else ``value`` itself."""
+    torch = sys.modules.get('torch')   # no tensor exists unless torch was imported
+    if torch is None or not isinstance(value, torch.Tensor):
+        return value
+    value = value.detach()
+    if value.dtype == torch.bfloat16:      # numpy has no bfloat16
+        value = value.float()
+    return value.cpu().numpy()
 
 
 def _ndim(value: Any) -> int | None:
