@@ -241,6 +241,16 @@ class ReplayMemory:
         never crosses into another episode or another writer's lane, and its cost is bounded
         by the episode, whatever ``n_step`` says.
 
+        So ``discount`` already holds what CleanRL's ``dqn.py`` computes as ``gamma * (1 -
+        done)``, with the n-step power and the truncation rule in it: the target is
+        ``reward + discount * max_a Q_target(next_state, a)``, never multiplied by gamma or
+        ``1 - is_over`` again. Every field of the :class:`SampleBatch` is a fresh, C-contiguous,
+        writable array (``state`` bool, uint8 or float as the memory; ``action`` int32: index
+        with ``.long()`` in PyTorch) that no later ``sample`` writes while it is referenced,
+        so ``torch.from_numpy(batch.state)`` may be held zero-copy, pinned, or be the source of
+        a non-blocking device copy in flight (without ``out=``: that one reuses the arrays).
+        docs/pytorch.md shows the update.
+
         Args:
             batch_size (int): number of transitions (whole floats accepted, as for the sizes).
             n_step (int): steps summed, >= 1.
