@@ -38,16 +38,41 @@ import collections
 import contextlib
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._checks import check_int
 from .._threads import DaemonThread
 
-__all__ = ['Prefetcher']
+if TYPE_CHECKING:
+    from ..acting.population import Population
+
+__all__ = ['Prefetcher', 'DEFAULT_PREFETCH', 'default_prefetch']
 
 # Seconds stop() waits for the lock before taking it over from a holder cut short (every hold
 # is a few statements; the waits release it).
 _LEFT_HELD_AFTER = 1.0
+
+
+# Batches the prefetch thread keeps ready by default: enough to absorb the players' and the
+# sampler's jitter for a learner taking 1 ms per batch (benchmarks/bench_e2e.py measures it).
+DEFAULT_PREFETCH = 4
+
+
+def default_prefetch(population: Population) -> int:
+    """The prefetch depth a started population gets by default: :data:`DEFAULT_PREFETCH` when
+    its players step outside the GIL (vector envs: C++ threads, worker processes, remote
+    actors), else 0.
+
+    A single env steps under the GIL (ale-py's ``act`` holds it, and so does an env written in
+    Python), so there the players, not the learner, bound the feed; a prefetch thread only
+    adds a contender for the GIL, and drawing in the learner's ``next()`` gave 1.02-1.12x the
+    updates per second (``benchmarks/bench_e2e.py --compare prefetch=0``). One player is stepped
+    by the drawing thread itself. Vector players leave the GIL free, and drawing ahead overlaps
+    the draw with their steps (1.1x against ``prefetch=0`` there).
+    """
+    if population.num_players == 1 or not any(r.is_vector for r in population.runners):
+        return 0
+    return DEFAULT_PREFETCH
 
 
 class Prefetcher:
