@@ -11,7 +11,9 @@
   <expreplay.stream.ratelimit.SampleToInsertRatio.stats>`;
 * :class:`RayTrafficStats`: :meth:`RayVectorEnv.stats <expreplay.ray.RayVectorEnv.stats>`;
 * :class:`EpisodeTotalsStats`: :meth:`EpisodeTotals.snapshot
-  <expreplay.acting.episodes.EpisodeTotals.snapshot>`, the episode totals of a whole run.
+  <expreplay.acting.episodes.EpisodeTotals.snapshot>`, the episode totals of a whole run;
+* :class:`DataLagStats` (``PopulationStats.lags``): how far behind the learner the data is,
+  each lag's :class:`LagFigures` (:class:`~expreplay.lags.DataLags` counts them).
 
 Every ``reset_stats()`` (of the manager, the population and the stream) returns a
 :class:`ScoreWindow`: the mean and largest score of the window it closes, a named tuple, so
@@ -31,7 +33,7 @@ import warnings
 from typing import Any, NamedTuple, TypeVar
 
 __all__ = ['ScoreWindow', 'ManagerStats', 'PopulationStats', 'StreamStats', 'RateLimiterStats',
-           'RayTrafficStats', 'EpisodeTotalsStats']
+           'RayTrafficStats', 'EpisodeTotalsStats', 'LagFigures', 'DataLagStats']
 
 _R = TypeVar('_R', bound='_Record')
 
@@ -51,13 +53,17 @@ class _Record:
     """A frozen record of figures."""
 
     def as_dict(self) -> dict[str, Any]:
-        """The figures as a plain dict, field name -> value."""
+        """The figures as a plain dict, field name -> value (a record inside as a dict too)."""
+        return {name: value.as_dict() if isinstance(value, _Record) else value
+                for name, value in self._fields().items()}
+
+    def _fields(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def extending(cls: type[_R], base: _Record, **more: Any) -> _R:
         """This record from the fields of ``base`` (a record this one extends) and ``more``."""
-        return cls(**base.as_dict(), **more)
+        return cls(**base._fields(), **more)
 
     # Reading a record as the dict it used to be, for code written before the records: it
     # works and warns once per place (read the attribute instead).
@@ -113,6 +119,41 @@ class ManagerStats(_Record):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class LagFigures(_Record):
+    """One lag, in learner updates, over every event counted since the first update."""
+
+    #: Events counted (requests started, states predicted, batches handed out).
+    count: int = 0
+    #: Their mean, smallest and largest lag; None before the first.
+    mean: float | None = None
+    min: int | None = None
+    max: int | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataLagStats(_Record):
+    """How far behind the learner the data it trains on is, each source apart, in learner
+    updates (:class:`~expreplay.lags.DataLags` says how each is counted). Cumulative
+    from the learner's first update; not reset by ``reset_stats()``."""
+
+    #: The learner's updates so far: batches handed to it, or what it counted itself
+    #: (``ReplayStream.count_updates``; ``ExpReplay`` counts tensorpack's steps).
+    updates: int = 0
+    #: Updates made between a step request and its start (the staleness window's lag; 0 for
+    #: one player, stepped when asked).
+    request_lag: LagFigures = LagFigures()
+    #: Updates made since the weights a greedy action was computed with were handed over
+    #: (assigned as the predictor), per state; empty until a predictor is assigned after the
+    #: first update (a predictor that reads live weights is as new as the last update).
+    weights_age: LagFigures = LagFigures()
+    #: Updates made between a batch's draw and its hand-out (the prefetch depth's lag).
+    prefetch_delay: LagFigures = LagFigures()
+    #: Batches handed out ahead of the update that uses them, for a learner that counts its
+    #: updates itself and queues batches (tensorpack's ``QueueInput``); empty otherwise.
+    input_queue_delay: LagFigures = LagFigures()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class PopulationStats(ManagerStats):
     """:class:`ManagerStats` plus the greedy share of the window and the run's episode totals."""
 
@@ -125,6 +166,8 @@ class PopulationStats(ManagerStats):
     episodes_started_total: int = 0
     #: Of those, started from a restart point (:class:`~expreplay.acting.episodes.RestartPool`).
     restart_starts: int = 0
+    #: The data's lags behind the learner (not reset).
+    lags: DataLagStats = DataLagStats()
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

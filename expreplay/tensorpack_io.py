@@ -336,11 +336,14 @@ class ExpReplay(DataFlow, Callback):
             self.predictor = self.trainer.get_predictor(*self.predictor_io_names)
 
     def _before_train(self):
+        self.stream.count_updates(0)     # the trainer's steps are the updates (_trigger_step)
         if self._episode_log_follows_logger:
             self.stream.population.episode_log_dir = logger.get_logger_dir()
         self.stream.start()
 
     def _trigger_step(self):
+        # The batches in tensorpack's QueueInput wait ahead of these updates.
+        self.stream.count_updates()
         fault = self._fault
         if fault is not None:
             self._fault_raised = True

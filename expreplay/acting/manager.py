@@ -29,6 +29,7 @@ from .runner import EnvRunner
 from .simulator import SimulatorThread, close_group
 from ..stats import ManagerStats
 from .stats import ActingStats, ScoreWindow
+from ..lags import DataLags
 from .window import InsertedSteps, StalenessWindow
 
 __all__ = ['EnvRunnerManager']
@@ -94,6 +95,14 @@ class EnvRunnerManager:
         thread_context (callable, optional): returns a context manager that every thread this
             manager starts enters first (e.g. ``lambda: sess.as_default()`` for TF1 sessions);
             the predictor runs in these threads.
+        request_lag (int, optional): start each step request exactly this many learner
+            updates after it was made (counted by ``lags``; see
+            :mod:`expreplay.acting.window`), whatever the machine's speed or load: a lag that
+            runs can share and replicate. None (default): a request starts as soon as a thread
+            is free. Needs two runners or more, and ``maximum_staleness`` large enough to
+            hold ``request_lag`` updates' requests (:class:`~expreplay.ReplayStream` checks).
+        lags (DataLags, optional): the learner's update clock, shared with whoever ticks it
+            (a stream), and the data's lags (:attr:`lags`); None: one of the manager's own.
 
     Staleness guarantee (every mode): :meth:`step` accepts request ``k`` only once every
     request before ``k - maximum_staleness + 1`` has finished (its steps are in the memory).
@@ -136,7 +145,8 @@ class EnvRunnerManager:
     def __init__(self, env_runners: Iterable[EnvRunner], maximum_staleness: int, *,
                  simulator_threads: int | None = None, max_inference_batch: int = 32,
                  max_restarts: int = 0, close_timeout: float = 5.0, call_timeout: float = 120.0,
-                 thread_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None) -> None:
+                 thread_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+                 request_lag: int | None = None, lags: DataLags | None = None) -> None:
         if isinstance(env_runners, EnvRunner) or not hasattr(env_runners, '__iter__'):
             raise TypeError(f"env_runners must be a list of EnvRunner, got {env_runners!r}")
         self._runners = list(env_runners)
@@ -150,6 +160,12 @@ class EnvRunnerManager:
             raise ValueError("env_runners holds the same runner twice")
         self.maximum_staleness = check_int(maximum_staleness, 'maximum_staleness', 1)
         n = len(self._runners)
+        self.request_lag = None if request_lag is None else check_int(request_lag, 'request_lag', 1)
+        if self.request_lag is not None and n == 1:
+            raise ValueError("request_lag needs two runners or more: a single runner steps "
+                             "inline, when its request is made")
+        #: The learner's update count and the data's lags (the caller's, or one of its own).
+        self.lags = DataLags() if lags is None else lags
         if simulator_threads is not None:
             simulator_threads = check_int(simulator_threads, 'simulator_threads', 1, n)
         self.max_restarts = check_int(max_restarts, 'max_restarts', 0)
@@ -167,7 +183,8 @@ class EnvRunnerManager:
         self._close_lock = threading.RLock()
         self._close_finished = False            # the threads joined and the groups closed
 
-        self._window = StalenessWindow(self.maximum_staleness, self._check_usable, self._watch)
+        self._window = StalenessWindow(self.maximum_staleness, self._check_usable, self._watch,
+                                       self.lags, self.request_lag)
         self._faults = Faults(self.max_restarts, self._window.halt)
         self._inference_threads: dict[int, InferenceThread] = {}    # id(predictor) -> its thread
         self._simulators: list[SimulatorThread] = []
@@ -269,6 +286,7 @@ class EnvRunnerManager:
 
     def _step_inline(self, group: ActingGroup, exploration: float) -> None:
         self._check_usable()
+        self.lags.request_started(self.lags.updates)     # started when made: no lag
         try:
             group.step(exploration)
         except EnvError as err:

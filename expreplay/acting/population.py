@@ -33,6 +33,7 @@ from .._threads import DaemonThread
 from .._checks import check_callable, check_int, check_probability, check_seed
 from ..stats import ManagerStats, PopulationStats, ScoreWindow
 from .exploration import Exploration, ExplorationArg
+from ..lags import DataLags
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
 from .manager import EnvRunnerManager
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 # Keyword arguments the population sets itself (runner_kwargs may still override seed, index
 # and player_factory, and give episode_starts / on_episode_end, which the population combines).
 _SETS_FOR_RUNNER = ('player', 'predictor', 'memory', 'history_len')
-_SETS_FOR_MANAGER = ('env_runners', 'maximum_staleness')
+_SETS_FOR_MANAGER = ('env_runners', 'maximum_staleness', 'request_lag', 'lags')
 
 
 class PredictorSlot:
@@ -58,14 +59,19 @@ class PredictorSlot:
     that is not a list or tuple) is wrapped so that both conventions work.
     """
 
-    def __init__(self, predictor: Callable[[np.ndarray], Any] | None = None) -> None:
+    def __init__(self, predictor: Callable[[np.ndarray], Any] | None = None,
+                 lags: DataLags | None = None) -> None:
         self._predictor = predictor
+        self._lags = lags      # told of each hand-over and of the states predicted
 
     def set(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
-        """Use ``predictor`` from the next call on (a plain attribute store: atomic)."""
+        """Use ``predictor`` from the next call on (a plain attribute store: atomic): a
+        hand-over of new weights, also when it is the same object."""
         if predictor is not None and not callable(predictor):
             raise TypeError(f"predictor must be callable, got {predictor!r}")
         self._predictor = predictor
+        if self._lags is not None:
+            self._lags.handed_over()
 
     @property
     def current(self) -> Callable[[np.ndarray], Any] | None:
@@ -78,6 +84,8 @@ class PredictorSlot:
             raise RuntimeError("no predictor set: the runners needed a greedy action before the "
                                "Q-function was given (set one, or use exploration=1.0)")
         out = predictor(states)
+        if self._lags is not None:
+            self._lags.acted(len(states))
         if isinstance(out, (list, tuple)):
             return out
         return [np.asarray(out)]
@@ -110,6 +118,9 @@ class Population:
         maximum_staleness (int): step requests that may be pending. None: the default of
             whoever starts the population (a stream's: :attr:`ReplayStream.maximum_staleness
             <expreplay.stream.ReplayStream.maximum_staleness>`), given to :meth:`start`.
+        request_lag (int): start every step request exactly this many learner updates after
+            it was made, on any machine, under any load (see the manager's ``request_lag``);
+            None: at once when a thread is free. Two players or more.
         seed (int): seeds the environments' first resets (runner ``i`` gets a seed derived
             from it and ``i``); None: unseeded.
         episode_starts: an episode-start scheduler shared by all runners (seed schedules, a
@@ -139,7 +150,7 @@ class Population:
     def __init__(self, get_player: Callable[[], Any], num_players: int = 1,
                  predictor: Callable[[np.ndarray], Any] | None = None, *,
                  exploration: ExplorationArg = 1.0, maximum_staleness: int | None = None,
-                 seed: int | None = None, episode_starts: Any = None,
+                 request_lag: int | None = None, seed: int | None = None, episode_starts: Any = None,
                  episode_log_dir: str | os.PathLike | None = None,
                  on_episode_end: Callable[[EpisodeRecord], None] | None = None,
                  runner_kwargs: collections.abc.Mapping[str, Any] | None = None,
@@ -151,6 +162,10 @@ class Population:
         self._exploration = Exploration(exploration)
         self.maximum_staleness = None if maximum_staleness is None else check_int(
             maximum_staleness, 'maximum_staleness', 1, allow_float=True)
+        self.request_lag = None if request_lag is None else check_int(request_lag, 'request_lag', 1)
+        if self.request_lag is not None and self.num_players == 1:
+            raise ValueError("request_lag needs num_players >= 2: one player steps inline, when "
+                             "its request is made")
         self.seed = check_seed(seed, 'seed')
         self._runner_kwargs = _check_kwargs(runner_kwargs, 'runner_kwargs', EnvRunner,
                                             _SETS_FOR_RUNNER)
@@ -164,7 +179,9 @@ class Population:
                                 self._runner_kwargs.pop('on_episode_end', None)]
         self._manager_kwargs = _check_kwargs(manager_kwargs, 'manager_kwargs', EnvRunnerManager,
                                              _SETS_FOR_MANAGER)
-        self._predictor = PredictorSlot(predictor)
+        #: The learner's update clock (a stream ticks it) and the data's lags behind it.
+        self.lags = DataLags()
+        self._predictor = PredictorSlot(predictor, self.lags)
         self.episode_totals = EpisodeTotals()    # episodes finished, over the whole run
         self.episode_log: EpisodeLog | None = None   # while started with a log directory
         self.runners: list[EnvRunner] = []
@@ -305,7 +322,8 @@ class Population:
                                          episode_starts=self.episode_starts,
                                          on_episode_end=on_end, **kwargs))
             if len(runners) == 1:      # steps inline: starts no thread
-                self.manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+                self.manager = EnvRunnerManager(runners, staleness, request_lag=self.request_lag,
+                                                lags=self.lags, **self._manager_kwargs)
             else:
                 self._start_manager(runners, staleness)
         except BaseException:
@@ -332,7 +350,8 @@ class Population:
 
         def build() -> None:
             try:
-                manager = EnvRunnerManager(runners, staleness, **self._manager_kwargs)
+                manager = EnvRunnerManager(runners, staleness, request_lag=self.request_lag,
+                                           lags=self.lags, **self._manager_kwargs)
             except BaseException as err:
                 failed.append(err)
                 return
@@ -429,7 +448,8 @@ class Population:
         return PopulationStats.extending(
             window, greedy_fraction=greedy,
             episodes_total=self.episode_totals.snapshot().episodes,
-            episodes_started_total=sum(starts.values()), restart_starts=starts.get('restart', 0))
+            episodes_started_total=sum(starts.values()), restart_starts=starts.get('restart', 0),
+            lags=self.lags.figures())
 
     def start_counts(self) -> dict[str, int]:
         """Episodes started so far per start kind, over all runners (kept after close)."""

@@ -5,6 +5,15 @@
 before ``k - maximum_staleness + 1`` has finished, hands queued requests to the simulator threads,
 and counts the steps the finished ones stored (:class:`InsertedSteps`, the one count of inserted
 steps, whatever the mode).
+
+Each request is stamped with the learner's update count when it is accepted (a
+:class:`~expreplay.lags.DataLags`), and its request lag is counted when a thread takes
+it. With a fixed ``request_lag`` of K updates, a request made after the learner's first update
+is handed to the threads only once K more updates are made, and the update after those waits
+until the threads have taken it: every such request starts exactly K updates after it was
+made, however fast or loaded the machine (the learner waits for the players if they are
+slower). Requests made before the first update (the initial fill, the first batch's) start at
+once: without updates, none would ever start.
 """
 
 from __future__ import annotations
@@ -15,16 +24,20 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ManagerClosed
+from ..lags import DataLags
+
 __all__ = ['StalenessWindow', 'Request', 'InsertedSteps']
 
 
 class Request:
     """One accepted step request (one step of one runner)."""
-    __slots__ = ('seq', 'exploration', 'done')
+    __slots__ = ('seq', 'exploration', 'stamp', 'done')
 
-    def __init__(self, seq: int, exploration: float) -> None:
+    def __init__(self, seq: int, exploration: float, stamp: int) -> None:
         self.seq = seq
         self.exploration = exploration
+        self.stamp = stamp            # the learner's updates when the request was accepted
         self.done = False
 
 
@@ -51,11 +64,18 @@ class StalenessWindow:
     wait: a fault, a close) and ``watch(now)`` (seconds until it should look again, None: no
     limit; 0: look again at once) while they wait; both run with the window's lock held.
     After :meth:`halt` (a fault) or :meth:`close` the threads take no further request.
+    ``lags`` stamps the requests and counts their lag; ``request_lag`` (updates, None: none
+    imposed) holds each request back that long (see the module docstring).
     """
 
     def __init__(self, maximum_staleness: int, check: Callable[[], None],
-                 watch: Callable[[float], float | None]) -> None:
+                 watch: Callable[[float], float | None], lags: DataLags | None = None,
+                 request_lag: int | None = None) -> None:
         self.maximum_staleness = maximum_staleness
+        self.lags = lags = DataLags() if lags is None else lags
+        self.request_lag = request_lag
+        if request_lag is not None:
+            lags.set_gate(self)
         self._check = check
         self._watch = watch
         # Re-entrant: a watch that fails the manager halts the window from inside a wait.
@@ -90,7 +110,7 @@ class StalenessWindow:
             if not self._is_open():
                 raise TimeoutError(f"step() not accepted within {timeout} s: {self._pending} "
                                    f"requests pending (maximum_staleness={self.maximum_staleness})")
-            req = Request(self._next_seq, exploration)
+            req = Request(self._next_seq, exploration, self.lags.updates)
             self._next_seq += 1
             self._queue.append(req)
             self._unfinished.append(req)
@@ -147,7 +167,7 @@ class StalenessWindow:
         """Up to ``n`` queued requests; None once closed or halted. ``block``: wait for one;
         else with ``until`` (a Prediction), wait for one only while it is not done."""
         with self._lock:
-            while not self._queue and not self._closed and not self._halted:
+            while not self._takeable() and not self._closed and not self._halted:
                 if block:
                     self._work.wait()
                 elif until is not None and not until.done:
@@ -162,7 +182,50 @@ class StalenessWindow:
                     break
             if self._closed or self._halted:
                 return None
-            return [self._queue.popleft() for _ in range(min(n, len(self._queue)))]
+            reqs = [self._queue.popleft() for _ in range(self._released(n))]
+            for req in reqs:
+                self.lags.request_started(req.stamp)
+            if reqs and self.request_lag is not None:
+                self._space.notify_all()      # an update may wait for these to start
+            return reqs
+
+    # ------------------------------------------------------------------ a fixed request lag
+    def _is_released(self, req: Request, updates: int) -> bool:
+        lag = self.request_lag
+        return lag is None or not req.stamp or updates >= req.stamp + lag
+
+    def _takeable(self) -> bool:
+        """A queued request may be started now (lock held)."""
+        queue = self._queue
+        return bool(queue) and self._is_released(queue[0], self.lags.updates)
+
+    def _released(self, n: int) -> int:
+        """How many of the first ``n`` queued requests may start now (lock held)."""
+        if self.request_lag is None:
+            return min(n, len(self._queue))
+        updates, count = self.lags.updates, 0
+        for req in self._queue:
+            if count == n or not self._is_released(req, updates):
+                break
+            count += 1
+        return count
+
+    def before_update(self, updates: int) -> None:
+        """The learner is about to make update ``updates + 1``: wait until every request
+        released by now has been taken (each starts exactly ``request_lag`` updates after it
+        was made). Raises the manager's fault; returns at a close."""
+        with self._lock:
+            try:
+                self._wait(lambda: not (self._queue and self._is_released(self._queue[0], updates))
+                           or self._closed or self._halted, None)
+            except ManagerClosed:
+                return
+
+    def after_update(self, updates: int) -> None:
+        """The learner made an update: requests it releases may start."""
+        with self._lock:
+            if self._queue:
+                self._work.notify_all()
 
     def finish(self, reqs: list[Request], inserted: int) -> None:
         """Book requests as finished (their ``inserted`` steps are in the memory); wakes the

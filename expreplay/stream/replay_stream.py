@@ -115,40 +115,20 @@ from ..storage.memory import ReplayMemory
 from .checkpoint import MemoryCheckpoint
 from .fill import ProgressArg, check_progress, fill_memory
 from .pacing import Pacer
-from .prefetch import Prefetcher
+from .prefetch import DEFAULT_PREFETCH, Prefetcher, default_prefetch
 from .sampling import Sampling
 from .watch import RandomPlayWatch
 
 if TYPE_CHECKING:
     from ..acting.episodes import EpisodeTotals
+    from ..lags import DataLags
     from ..acting.population import Population
     from ..storage.memory import SampleBatch
     from .ratelimit import SampleToInsertRatio
 
 __all__ = ['ReplayStream', 'DEFAULT_PREFETCH', 'default_prefetch']
 
-# Batches the prefetch thread keeps ready by default: enough to absorb the players' and the
-# sampler's jitter for a learner taking 1 ms per batch (benchmarks/bench_e2e.py measures it).
-DEFAULT_PREFETCH = 4
-
 logger = logging.getLogger(__name__)
-
-
-def default_prefetch(population: Population) -> int:
-    """The prefetch depth a started population gets by default: :data:`DEFAULT_PREFETCH` when
-    its players step outside the GIL (vector envs: C++ threads, worker processes, remote
-    actors), else 0.
-
-    A single env steps under the GIL (ale-py's ``act`` holds it, and so does an env written in
-    Python), so there the players, not the learner, bound the feed; a prefetch thread only
-    adds a contender for the GIL, and drawing in the learner's ``next()`` gave 1.02-1.12x the
-    updates per second (``benchmarks/bench_e2e.py --compare prefetch=0``). One player is stepped
-    by the drawing thread itself. Vector players leave the GIL free, and drawing ahead overlaps
-    the draw with their steps (1.1x against ``prefetch=0`` there).
-    """
-    if population.num_players == 1 or not any(r.is_vector for r in population.runners):
-        return 0
-    return DEFAULT_PREFETCH
 
 
 Batch = Any   # tensorpack's [comb_state, action, reward, isOver] list, or a SampleBatch
@@ -207,6 +187,9 @@ class ReplayStream:
         if not isinstance(sampling, Sampling):
             raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
         sampling.check_memory(memory)
+        if population.request_lag is not None and sampling.samples_per_insert is not None:
+            raise ValueError("request_lag needs Sampling(update_frequency=...): samples_per_insert "
+                             "waits for requests to be stored, which request_lag holds back")
         self.sampling = sampling
         self.init_memory_size = check_int(init_memory_size, 'init_memory_size', 0,
                                           allow_float=True)
@@ -229,6 +212,10 @@ class ReplayStream:
                               shape_arg=names.get('state_shape', 'state_shape'),
                               dtype_arg=names.get('dtype', 'dtype'))
         self.population = population
+        lag, given = population.request_lag, population.maximum_staleness
+        if lag is not None and given is not None and given < self._requests_held(lag):
+            raise ValueError(f"maximum_staleness={given} can not hold the requests of "
+                             f"request_lag={lag}: give at least {self._requests_held(lag)}, or None")
         self.rate_limiter: SampleToInsertRatio | None = None   # built by start()
         self.fill_steps = 0              # step requests made by the initial fill
         self._pacer: Pacer | None = None              # the requests per batch, built by start()
@@ -279,7 +266,17 @@ class ReplayStream:
         :meth:`start` gives the population as its default. The one place that default is
         decided: neither the population nor ExpReplay has one."""
         given = self.population.maximum_staleness
-        return 2 * self.sampling.steps_per_batch if given is None else given
+        if given is not None:
+            return given
+        if self.population.request_lag is not None:
+            return self._requests_held(self.population.request_lag)
+        return 2 * self.sampling.steps_per_batch
+
+    def _requests_held(self, request_lag: int) -> int:
+        """The requests a window holds with a fixed ``request_lag``: those of the batches of
+        ``request_lag`` updates, the prefetch buffer and the one being drawn, and one per player."""
+        depth = DEFAULT_PREFETCH if self.prefetch is None else self.prefetch
+        return (request_lag + depth + 2) * self.sampling.steps_per_batch + self.population.num_players
 
     @property
     def episode_totals(self) -> EpisodeTotals:
@@ -442,7 +439,7 @@ class ReplayStream:
         if self._pacer is None:
             raise RuntimeError("the ReplayStream is not started: call start()")
         if not self.prefetch:
-            return _drawn_here(self._drawer(), lambda: self._closed)
+            return _drawn_here(self._drawer(), lambda: self._closed, self.population.lags)
         prefetcher = self._prefetcher
         if prefetcher is None:
             # With one player the env steps and the predictor run in the drawing thread:
@@ -456,25 +453,35 @@ class ReplayStream:
                 prefetcher.stop()
                 return iter(())
             prefetcher.start()
-        return _handed_out(prefetcher)
+        return _handed_out(prefetcher, self.population.lags)
 
-    def _drawer(self) -> Callable[[], Batch]:
+    def _drawer(self) -> Callable[[], tuple[int, Batch]]:
         """The batches' maker: the requests due before the next batch (see the module
-        docstring), then the batch. A function of the stream's parts, not of the stream: the
-        prefetch thread calls it, and must not keep a dropped stream alive (its finalizer
-        stops the threads, from the thread that dropped it)."""
+        docstring), then the batch, with the learner's update count at its draw. A function
+        of the stream's parts, not of the stream: the prefetch thread calls it, and must not
+        keep a dropped stream alive (its finalizer stops the threads, from the thread that
+        dropped it)."""
         pacer, watch, sampling, memory = self._pacer, self._random_play, self.sampling, self.memory
+        lags = self.population.lags
         assert pacer is not None
 
-        def draw() -> Batch:
+        def draw() -> tuple[int, Batch]:
             pacer.before_draw()
             watch.after_draw()
-            return sampling.draw(memory)
+            return lags.updates, sampling.draw(memory)
         return draw
 
     def sample(self) -> list[np.ndarray] | SampleBatch:
         """One batch, without requesting new environment steps (thread-safe)."""
         return self.sampling.draw(self.memory)
+
+    def count_updates(self, n: int = 1) -> None:
+        """The learner made ``n`` updates (for one that queues batches, or uses several per
+        update; ``count_updates(0)`` before the first batch says so): from the first call on,
+        ``stats().lags`` counts these instead of the batches handed out, and the batches handed
+        out ahead of them as the input queue's delay (:class:`~expreplay.lags.DataLags`).
+        With ``request_lag`` it waits for the requests that update releases to start."""
+        self.population.lags.count_updates(check_int(n, 'n', 0))
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Feed the learner's new priorities (|TD error|) for a batch's ``indices`` back to a
@@ -565,22 +572,29 @@ class ReplayStream:
                                       epsilon=_presets.MINATAR_EPSILON)
 
 
-def _drawn_here(draw: Callable[[], Batch], closed: Callable[[], bool]) -> Iterator[Batch]:
-    """Batches drawn in the consumer's own next() (no prefetch thread), until ``closed()``."""
+def _drawn_here(draw: Callable[[], tuple[int, Batch]], closed: Callable[[], bool],
+                lags: DataLags) -> Iterator[Batch]:
+    """Batches drawn in the consumer's own next() (no prefetch thread), until ``closed()``;
+    ``lags`` told of each hand-out and each next() after the first (an update made)."""
     while not closed():
         try:
-            batch = draw()
+            drawn_at, batch = draw()
+            lags.handed_out(drawn_at)
         except Exception:
             if closed():   # close() from another thread stopped the manager under us
                 return
             raise
         yield batch
+        lags.next_asked()
 
 
-def _handed_out(prefetcher: Prefetcher) -> Iterator[Batch]:
-    """The prefetch thread's batches, until it is stopped."""
+def _handed_out(prefetcher: Prefetcher, lags: DataLags) -> Iterator[Batch]:
+    """The prefetch thread's batches, until it is stopped; each told to ``lags``."""
     while True:
-        batch = prefetcher.get()
-        if batch is Prefetcher.END:
+        item = prefetcher.get()
+        if item is Prefetcher.END:
             return
+        drawn_at, batch = item
+        lags.handed_out(drawn_at)
         yield batch
+        lags.next_asked()
