@@ -60,6 +60,9 @@ carries is its exploration, so a window of K plays the epsilon schedule up to K 
 makes lag only when the players are slower than the learner (a GPU learner's case; here
 MinAtar's env is faster than the CPU update, and every request starts at once): ``--env-ms D``
 gives each player's env step a D ms sleep, an emulator that slow, so that the window fills.
+Such a lag moves with the machine's load; ``--request-lag N`` (the population's
+``request_lag``) starts every request exactly N updates after it was made instead, on any
+machine (docs/acting.md, "A lag that does not move with load").
 
 The weights' age: ``--weights-every N`` hands the learner's weights to the players every N
 updates instead of after each (what a learner whose hand-over costs, a GPU's device-to-host
@@ -144,6 +147,11 @@ def argument_parser():
                    help="step requests that may be pending while the learner trains (the "
                         "stream's maximum_staleness); None: the stream's default, twice the "
                         "frames per update (2)")
+    p.add_argument('--request-lag', type=positive, default=None,
+                   help="start every step request exactly N updates after the learner made it "
+                        "(the population's request_lag: a window lag that machine load does not "
+                        "move, for runs that share a machine; 2 players or more, a multiple of "
+                        "--updates-per-call); None: as soon as a player is free")
     p.add_argument('--weights-every', type=positive, default=1,
                    help="updates between the hand-overs of the learner's weights to the players "
                         "(see 'The weights' age' above); 1: after each update")
@@ -172,6 +180,10 @@ def parse_args(argv=None):
         parser.error(f"--weights-every ({args.weights_every}) must be 1 or a multiple of "
                      f"--updates-per-call ({args.updates_per_call}): the weights are handed "
                      "over between calls")
+    if args.request_lag is not None and (args.players < 2 or args.request_lag % args.updates_per_call):
+        parser.error(f"--request-lag ({args.request_lag}) needs --players 2 or more and a multiple "
+                     f"of --updates-per-call ({args.updates_per_call}): the stream counts one "
+                     "update per call")
     return args
 
 
@@ -573,6 +585,7 @@ def train(args):
         # threads step them, up to --staleness requests pending.
         LaggedPopulation(lambda: StartProbe(make_env(args.game), lag, args.env_ms / 1000), args.players, policy,
                          lag=lag, maximum_staleness=args.staleness, seed=seed,
+                         request_lag=args.request_lag and args.request_lag // per_call,
                          on_episode_end=episodes),
         # One update per frame: per_call minibatches drawn at once for per_call frames.
         Sampling(args.batch_size * per_call, update_frequency=per_call, n_step=args.n_step,

@@ -13,7 +13,8 @@ is handed to the threads only once K more updates are made, and the update after
 until the threads have taken it: every such request starts exactly K updates after it was
 made, however fast or loaded the machine (the learner waits for the players if they are
 slower). Requests made before the first update (the initial fill, the first batch's) start at
-once: without updates, none would ever start.
+once, and so do those pending when someone waits for the window to empty (:meth:`wait_idle`):
+without updates, none would ever start.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class StalenessWindow:
         self._queue: collections.deque[Request] = collections.deque()        # accepted, not started
         self._unfinished: collections.deque[Request] = collections.deque()   # oldest first
         self._next_seq = 0
+        self._flushed = 0     # requests before this seq start at once (wait_idle)
         self._pending = 0
         # Waiters that must be woken whatever changed (wake-ups cost a thread switch each, so
         # the others are woken only when what they wait for may have happened):
@@ -118,8 +120,13 @@ class StalenessWindow:
             self._work.notify()
 
     def wait_idle(self, timeout: float | None) -> None:
-        """Block until no request is pending; TimeoutError after ``timeout`` seconds."""
+        """Block until no request is pending; TimeoutError after ``timeout`` seconds. With a
+        fixed request lag, the requests accepted so far start now (no update would come while
+        the caller waits: their lag is then shorter, and counted as it is)."""
         with self._lock:
+            if self._next_seq > self._flushed:
+                self._flushed = self._next_seq
+                self._work.notify_all()
             self._wait(lambda: self._pending == 0, timeout)
             if self._pending:
                 raise TimeoutError(f"{self._pending} requests still pending after {timeout} s")
@@ -192,7 +199,8 @@ class StalenessWindow:
     # ------------------------------------------------------------------ a fixed request lag
     def _is_released(self, req: Request, updates: int) -> bool:
         lag = self.request_lag
-        return lag is None or not req.stamp or updates >= req.stamp + lag
+        return (lag is None or not req.stamp or updates >= req.stamp + lag
+                or req.seq < self._flushed)
 
     def _takeable(self) -> bool:
         """A queued request may be started now (lock held)."""

@@ -513,3 +513,16 @@ def test_a_resume_with_another_updates_per_call_keeps_the_schedules_and_the_fram
     versions = resumed['handed']
     assert versions and versions[0] <= 8 and set(np.diff(versions)) == {8}, versions
     assert versions[-1] > end - 4 - 8, (versions[-1], end)   # up to the last call's
+
+
+def test_a_fixed_request_lag_holds_every_request_that_many_updates(tmp_path):
+    # --request-lag 16 with 2 players: the requests made after the first update start 16
+    # updates later (one update per call here), and the run still stops at --frames exactly.
+    out = example(['--players', '2', '--request-lag', '16', '--updates-per-call', '1',
+                   '--frames', '800', '--replay-start', '200', '--memory-size', '1500',
+                   '--target-update', '48', '--log-every', '0'], tmp_path)
+    frames, _, lag, lag_max, _, _ = last_line(out)
+    assert frames == 800, out[-300:]
+    # The example counts at the env step's start, with the updates dispatched (one ahead of
+    # the stream's count while a call is in flight): 16 updates, give or take that one.
+    assert 15 <= lag <= 17 and lag_max <= 17, out[-300:]

@@ -179,3 +179,17 @@ def test_the_lags_are_part_of_the_stream_s_figures_and_of_their_plain_dict():
         stats = stream.stats()
     assert stats.lags.updates == 10
     assert json.loads(json.dumps(stats.as_dict()))['lags']['updates'] == 10
+
+
+def test_waiting_for_the_players_starts_the_requests_a_fixed_lag_holds():
+    # No update comes while the learner waits for the window to empty (before a save, at the
+    # end of a run): the held requests start then, and their shorter lag is counted as it is.
+    with stream_of(3, exploration=1.0, request_lag=50) as stream:
+        for k, _ in enumerate(stream):
+            if k == 20:
+                break
+        assert stream.population.progress()[1] > 0       # held: 50 updates not made yet
+        stream.population.wait_idle()
+        assert stream.population.progress()[1] == 0
+        request = stream.stats().lags.request_lag
+    assert request.count > 0 and request.max < 50
