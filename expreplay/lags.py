@@ -122,11 +122,13 @@ class DataLags:
                 gate.after_update(self.updates)
 
     # ------------------------------------------------------------------ what the players tell
-    def request_started(self, stamp: int) -> None:
-        """A step request made when the clock read ``stamp`` starts now."""
-        if stamp:
-            with self._lock:
-                self._request.add(self.updates - stamp)
+    def requests_started(self, stamps: list[int]) -> None:
+        """Step requests made when the clock read ``stamps`` start now (one lock for all)."""
+        with self._lock:
+            updates, tally = self.updates, self._request
+            for stamp in stamps:
+                if stamp:
+                    tally.add(updates - stamp)
 
     def handed_over(self) -> None:
         """The players act with new weights from now on (a predictor was assigned): those of

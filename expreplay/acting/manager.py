@@ -286,7 +286,7 @@ class EnvRunnerManager:
 
     def _step_inline(self, group: ActingGroup, exploration: float) -> None:
         self._check_usable()
-        self.lags.request_started(self.lags.updates)     # started when made: no lag
+        self.lags.requests_started([self.lags.updates])     # started when made: no lag
         try:
             group.step(exploration)
         except EnvError as err:

@@ -190,8 +190,8 @@ class StalenessWindow:
             if self._closed or self._halted:
                 return None
             reqs = [self._queue.popleft() for _ in range(self._released(n))]
-            for req in reqs:
-                self.lags.request_started(req.stamp)
+            if reqs:
+                self.lags.requests_started([req.stamp for req in reqs])
             if reqs and self.request_lag is not None:
                 self._space.notify_all()      # an update may wait for these to start
             return reqs

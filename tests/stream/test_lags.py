@@ -160,7 +160,7 @@ def test_a_close_ends_an_update_waiting_for_a_held_request():
 
 def test_data_lags_count_nothing_before_the_first_update():
     lags = DataLags()
-    lags.request_started(0)
+    lags.requests_started([0])
     lags.handed_over()
     lags.acted(5)
     lags.handed_out(0)
