@@ -58,6 +58,13 @@ def check_arguments(p, args):
                     f"{1 if flag in ('players', 'envs_per_actor') else 0}, got {value}")
     if args.players is None:
         args.players = VECTOR_PLAYERS if args.vector else SINGLE_PLAYERS
+    import gymnasium
+    import atari_wrappers    # noqa: F401  (registers the ALE ids with gymnasium)
+    spec = gymnasium.envs.registry.get(args.env)
+    if spec is None or 'ale_py' not in str(spec.entry_point):
+        p.error(f"--env {args.env} is not an Atari game of ale-py (e.g. ALE/Breakout-v5): this "
+                "script preprocesses Atari frames. For CartPole run examples/dqn_cartpole.py, "
+                "for MinAtar examples/dqn_minatar_jax.py")
 
 
 def player_factory(args, single_env, clip):

@@ -542,3 +542,12 @@ def test_dqn_model_loss_and_target_sync(method):
             sess.run(sync)
             q_next_target = sess.run(q_target, feed)
             np.testing.assert_allclose(q_next_online, q_next_target, rtol=1e-6)
+
+
+@pytest.mark.parametrize('env', ['CartPole-v1', 'ALE/NoSuchGame-v5'])
+def test_dqn_atari_refuses_an_env_that_is_not_an_atari_game_naming_the_other_examples(env):
+    out = subprocess.run([sys.executable, os.path.join(EXAMPLES, 'dqn_atari.py'), '--env', env],
+                         capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert f'--env {env} is not an Atari game' in out.stderr
+    assert 'examples/dqn_cartpole.py' in out.stderr
