@@ -32,7 +32,10 @@ from .stats import ActingStats, ScoreWindow
 from ..lags import DataLags
 from .window import InsertedSteps, StalenessWindow
 
-__all__ = ['EnvRunnerManager']
+__all__ = ['EnvRunnerManager', 'DEFAULT_CLOSE_TIMEOUT']
+
+#: Seconds :meth:`EnvRunnerManager.close` waits for the threads, unless told otherwise.
+DEFAULT_CLOSE_TIMEOUT = 5.0
 
 
 def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
@@ -69,7 +72,7 @@ def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> 
 
 
 class EnvRunnerManager:
-    """Runs :class:`~expreplay.acting.group.EnvRunner` s in simulator threads, one step request at a time.
+    """Runs :class:`~expreplay.acting.runner.EnvRunner` s in simulator threads, one step request at a time.
 
     Args:
         env_runners (list): the runners. With one runner, :meth:`step` runs it inline in the
@@ -144,7 +147,8 @@ class EnvRunnerManager:
 
     def __init__(self, env_runners: Iterable[EnvRunner], maximum_staleness: int, *,
                  simulator_threads: int | None = None, max_inference_batch: int = 32,
-                 max_restarts: int = 0, close_timeout: float = 5.0, call_timeout: float = 120.0,
+                 max_restarts: int = 0, close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+                 call_timeout: float = 120.0,
                  thread_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
                  request_lag: int | None = None, lags: DataLags | None = None) -> None:
         if isinstance(env_runners, EnvRunner) or not hasattr(env_runners, '__iter__'):

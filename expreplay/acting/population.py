@@ -36,7 +36,7 @@ from .exploration import Exploration, ExplorationArg
 from ..lags import DataLags
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
-from .manager import EnvRunnerManager
+from .manager import DEFAULT_CLOSE_TIMEOUT, EnvRunnerManager
 
 if TYPE_CHECKING:
     from ..storage.memory import ReplayMemory
@@ -240,8 +240,7 @@ class Population:
         """Seconds :meth:`close` waits for the threads (the manager's ``close_timeout``)."""
         if self.manager is not None:
             return self.manager.close_timeout
-        default = inspect.signature(EnvRunnerManager).parameters['close_timeout'].default
-        return float(self._manager_kwargs.get('close_timeout', default))
+        return float(self._manager_kwargs.get('close_timeout', DEFAULT_CLOSE_TIMEOUT))
 
     # ------------------------------------------------------------------ checks and start
     def check_fits(self, state_shape: tuple[int, ...], dtype: np.dtype, *,

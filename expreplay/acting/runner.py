@@ -7,7 +7,8 @@ batched. It is stepped by an :class:`~expreplay.acting.group.ActingGroup` (a gro
 for :meth:`EnvRunner.step`, or a manager's with other runners), which owns the stepping state
 (whether the env needs a reset, the steps stored): the group's owner seats the runner in it
 (:meth:`EnvRunner.seat`), and the runner reads that state from its seat. The group module
-imports this one, never the reverse.
+imports this one; this one imports the group only inside :meth:`EnvRunner.step`, to build the
+group of one that steps a runner on its own.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Environment adapters: one acting interface over the env APIs a runner may be given.
 
-A runner (:class:`expreplay.acting.group.EnvRunner`) should not care which flavour of environment it
+A runner (:class:`expreplay.acting.runner.EnvRunner`) should not care which flavour of environment it
 drives, so this module turns each of them into the same small protocol, :class:`EnvAdapter`:
 ``num_envs`` sub-environments, whose results come back as arrays (:class:`Results`), so that
 the acting path handles a batch of sub-environments with numpy operations instead of a Python
