@@ -88,7 +88,9 @@ class PredictorSlot:
             self._lags.acted(len(states))
         if isinstance(out, (list, tuple)):
             return out
-        return [np.asarray(out)]
+        # As it came: the policy reads its values (as_q_values), a PyTorch tensor too, also
+        # one that requires grad, which np.asarray would refuse.
+        return [out]
 
 
 class Population:

@@ -94,10 +94,6 @@ def test_runners_act_on_a_predictor_returning_a_tensor_that_requires_grad(n_runn
     assert len(actions) >= 50 and set(actions) == {2}, (len(actions), sorted(set(actions)))
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="Population's predictor slot turns a bare output into a numpy array "
-                          "(np.asarray) before the policy reads it, which a tensor that requires "
-                          "grad refuses")
 def test_a_stream_acts_on_a_predictor_returning_a_tensor_that_requires_grad():
     torch = pytest.importorskip('torch', reason="the torch extra: pip install -e '.[torch]'")
     from expreplay import Population, ReplayStream, Sampling
