@@ -71,6 +71,72 @@ def window_score(path, low=800_000, high=1_000_000):
     return (float(np.mean(scores)) if scores else float('nan')), len(scores)
 
 
+def curve_area(path, end=1_000_000, width=100_000):
+    """The area under the learning curve: the mean over the ``width``-frame windows up to
+    ``end`` of their episodes' mean return (each window counts once, however many episodes)."""
+    return float(np.mean([window_score(path, low, low + width)[0]
+                          for low in range(0, end, width)]))
+
+
+def bootstrap_ci(diffs, resamples=10_000, seed=0):
+    """A paired bootstrap 95% interval of the mean of ``diffs`` (one per seed): the seeds are
+    drawn with replacement, the 2.5th and 97.5th percentiles of the resampled means."""
+    diffs = np.asarray(diffs, float)
+    rng = np.random.default_rng(seed)
+    means = diffs[rng.integers(0, len(diffs), (resamples, len(diffs)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def detectable(diffs, power=0.8, alpha=0.05):
+    """The smallest mean difference a paired two-sided t-test over these seeds would find with
+    ``power`` at ``alpha``, for differences spread as ``diffs`` are: (t_{1-alpha/2} + t_power)
+    x SD / sqrt(n), with n - 1 degrees of freedom; None under 2 seeds."""
+    from scipy import stats
+    n = len(diffs)
+    if n < 2:
+        return None
+    df = n - 1
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df))
+                 * np.std(diffs, ddof=1) / np.sqrt(n))
+
+
+# Fewer paired seeds give no interval (a bootstrap of 2-4 seeds has 3-35 distinct means: the
+# seeds' own differences are shown instead) and no spread to size a detectable effect on.
+MIN_SEEDS_FOR_CI = 5
+MIN_SEEDS_FOR_SPREAD = 3
+
+
+def _interval(diffs):
+    """The mean difference with its paired bootstrap 95% CI, or with the seeds' differences."""
+    if len(diffs) >= MIN_SEEDS_FOR_CI:
+        lo, hi = bootstrap_ci(diffs)
+        return f"{np.mean(diffs):+.2f} [{lo:+.2f}, {hi:+.2f}]"
+    return f"{np.mean(diffs):+.2f} (seeds: {', '.join(f'{d:+.2f}' for d in diffs)})"
+
+
+def paired_arms(rows, control):
+    """Each hand-over arm against the no-lag runs of the same seeds: ``(game, weights_every,
+    seeds, control scores, arm scores, score diffs, area diffs)``. The window's runs have no
+    control of their own yet (the same players and updates per call without a window), so
+    they are left out."""
+    arms = {}
+    for r in rows:
+        if r['staleness'] or int(r.get('weights_every') or 1) == 1:
+            continue
+        seed = int(r['seed'])
+        if seed in control.get(r['game'], {}):
+            arms.setdefault((r['game'], int(r['weights_every'])), []).append(r)
+    out = []
+    for (game, every), runs in sorted(arms.items()):
+        runs.sort(key=lambda r: int(r['seed']))
+        seeds = [int(r['seed']) for r in runs]
+        base = [control[game][s] for s in seeds]
+        out.append((game, every, seeds, [b[0] for b in base], [r['score'] for r in runs],
+                    [r['score'] - b[0] for r, b in zip(runs, base)],
+                    [r['area'] - b[1] for r, b in zip(runs, base)]))
+    return out
+
+
 def add(args):
     """Read one finished run's log, copy its returns (gzipped) and append its row."""
     with open(os.path.join(args.run, 'log.txt')) as f:
@@ -118,13 +184,22 @@ def study(data=DATA, baseline_dir=BASELINE):
     rows = read_table(os.path.join(data, 'runs.csv'))
     for r in rows:
         r['score'], r['episodes'] = window_score(os.path.join(data, r['returns']))
+        r['area'] = curve_area(os.path.join(data, r['returns']))
         r['rate'] = int(r['frames']) / int(r['seconds'])
     baseline = {}
-    for path in sorted(glob.glob(os.path.join(baseline_dir, '*_seed*.csv.gz'))):
-        game = re.match(r'(.+)_seed\d+\.csv\.gz', os.path.basename(path)).group(1)
-        if any(r['game'] == game for r in rows):
-            baseline.setdefault(game, []).append(window_score(path)[0])
+    for game, seeds in control_runs(rows, baseline_dir).items():
+        baseline[game] = [score for score, _ in seeds.values()]
     return rows, baseline
+
+
+def control_runs(rows, baseline_dir=BASELINE):
+    """The no-lag runs of the games in ``rows``: ``{game: {seed: (score, area)}}``."""
+    control = {}
+    for path in sorted(glob.glob(os.path.join(baseline_dir, '*_seed*.csv.gz'))):
+        game, seed = re.match(r'(.+)_seed(\d+)\.csv\.gz', os.path.basename(path)).groups()
+        if any(r['game'] == game for r in rows):
+            control.setdefault(game, {})[int(seed)] = (window_score(path)[0], curve_area(path))
+    return control
 
 
 def learning_cost(lag, data=DATA, baseline_dir=BASELINE):
@@ -169,6 +244,16 @@ def report(args):
         print(f"| {r['game']} | {r['seed']} | {window} | {r.get('weights_every') or 1} | "
               f"{float(r['mean_lag']):.1f} ({r['max_lag']}) | {weights_age} | "
               f"{r['score']:.2f} ({r['episodes']}) | {r['rate']:.0f} |")
+    print()
+    print("| game | weights every | paired seeds | score, 800k-1M: no lag -> arm | difference "
+          "[95% CI] | area under the curve, 0-1M: difference [95% CI] | smallest difference "
+          "detectable (80% power) |")
+    print("|---|---|---|---|---|---|---|")
+    for game, every, seeds, base, arm, diff, area in paired_arms(rows, control_runs(rows, args.baseline)):
+        mde = detectable(diff) if len(seeds) >= MIN_SEEDS_FOR_SPREAD else None
+        print(f"| {game} | {every} | {', '.join(map(str, seeds))} | {np.mean(base):.2f} -> "
+              f"{np.mean(arm):.2f} | {_interval(diff)} | {_interval(area)} | "
+              f"{'-' if mde is None else f'{mde:.2f}'} |")
     if args.png:
         plot(rows, baseline, args.png)
 

@@ -6,6 +6,7 @@ import gzip
 import os
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,3 +112,42 @@ def test_an_unfinished_run_is_refused(tmp_path):
     with pytest.raises(SystemExit, match='not finished'):
         staleness_learning.main(['add', str(run), '--game', 'breakout', '--seed', '0',
                                  '--staleness', '4', '--env-ms', '2', '--data', str(tmp_path / 'd')])
+
+
+def test_the_bootstrap_interval_and_the_detectable_effect_follow_the_seeds():
+    assert staleness_learning.bootstrap_ci([-1.0] * 5) == (-1.0, -1.0)
+    lo, hi = staleness_learning.bootstrap_ci([-3.0, -2.0, -2.5, -1.0, -3.5])
+    assert -3.5 < lo < -2.4 < hi < -1.0
+    # (t_0.975 + t_0.8 with 4 degrees of freedom) x SD / sqrt(5): SD 1 -> 3.717 / 2.236.
+    diffs = [-2.0, -1.0, 0.0, 1.0, 2.0]
+    sd = float(np.std(diffs, ddof=1))
+    assert staleness_learning.detectable(diffs) == pytest.approx((2.7764 + 0.9410) * sd / 5 ** 0.5,
+                                                                 rel=1e-3)
+    assert staleness_learning.detectable([1.0]) is None
+
+
+def test_a_hand_over_arm_is_paired_with_the_no_lag_runs_of_its_seeds(tmp_path, capsys):
+    data, base = tmp_path / 'data', tmp_path / 'base'
+    for seed, score in enumerate([8.0, 7.0, 7.5, 8.5, 8.0]):
+        baseline(base, 'breakout', seed, score)
+    for seed, score in enumerate([6.0, 5.0, 6.0, 6.5, 5.5, 1.0]):    # seed 5: no control
+        run = finished_run(tmp_path / f'w{seed}', [(f, score) for f in range(50_000, 1_000_001,
+                                                                          50_000)],
+                           0.0, 0, 50000.0, 100000, players=1)
+        staleness_learning.main(['add', run, '--game', 'breakout', '--seed', str(seed),
+                                 '--weights-every', '100000', '--data', str(data)])
+    window = finished_run(tmp_path / 'k', [(f, 1.0) for f in range(50_000, 1_000_001, 50_000)],
+                          4096.0, 4096)
+    staleness_learning.main(['add', window, '--game', 'breakout', '--seed', '0',
+                             '--staleness', '4096', '--data', str(data)])
+    rows, _ = staleness_learning.study(str(data), str(base))
+    arms = staleness_learning.paired_arms(rows, staleness_learning.control_runs(rows, str(base)))
+    assert len(arms) == 1                                  # the window's run has no control
+    game, every, seeds, control, arm, diff, area = arms[0]
+    assert (game, every, seeds) == ('breakout', 100000, [0, 1, 2, 3, 4])
+    assert diff == pytest.approx([-2.0, -2.0, -1.5, -2.0, -2.5])
+    assert area == pytest.approx(diff)                     # flat curves: the area is the score
+    capsys.readouterr()
+    staleness_learning.main(['report', '--data', str(data), '--baseline', str(base)])
+    out = capsys.readouterr().out
+    assert '| breakout | 100000 | 0, 1, 2, 3, 4 | 7.80 -> 5.80 | -2.00 [' in out
