@@ -205,7 +205,9 @@ def control_runs(rows, baseline_dir=BASELINE):
 def learning_cost(lag, data=DATA, baseline_dir=BASELINE):
     """Lines saying what the study measured nearest to a mean request lag of ``lag`` updates
     (the window's runs), game by game (``examples/tune_staleness.py`` prints them beside its
-    throughput)."""
+    throughput). The window's runs have no control of their own yet (one seed each, against
+    no-lag runs that differ in more than the lag): the lines say so, and read as data, not
+    as a cost."""
     if not os.path.exists(os.path.join(data, 'runs.csv')):
         return []
     rows, baseline = study(data, baseline_dir)
@@ -218,7 +220,8 @@ def learning_cost(lag, data=DATA, baseline_dir=BASELINE):
         lines.append(f"  {game}: at a request lag of {float(near['mean_lag']):.0f} updates (seed "
                      f"{near['seed']}) DQN scored {near['score']:.2f} over 800k-1M frames" + (
                          f", against {np.mean(base):.2f} ({min(base):.2f}-{max(base):.2f}, "
-                         f"{len(base)} seeds) with no lag" if base else ''))
+                         f"{len(base)} seeds) with no lag" if base else '')
+                     + " (one unpaired run: not a measured cost)")
     return lines
 
 

@@ -24,7 +24,8 @@ What is measured, per combination, over ``--seconds`` after ``--warmup``:
 * ``request_lag``: when a step starts executing, how many step requests newer than it were
   already queued (0 = executed at once; at most ``maximum_staleness - 1``).
 * ``update_lag``: when a step starts executing, how many learner updates happened since it
-  was requested: how many predictor updates behind the newest request the acting step is.
+  was requested: how many predictor updates behind the newest request the acting step is
+  (the library's own count, ``EnvRunnerManager.lags``: its ``request_lag``).
   The predictor reads the live weights when the step starts, so this lag delays the step and
   plays the exploration schedule late, but does not age the weights that act.
 
@@ -43,9 +44,13 @@ docs/staleness_learning.md (DQN on MinAtar to 1M frames, score against the measu
 and against the acting weights' age); the last lines printed give its result nearest to the
 recommended combination's request lag.
 
-The recommendation: among the combinations reaching ``--throughput-fraction`` of the best
-steps/s (means over the rounds), the one with the smallest mean update lag (ties: fewer
-players, smaller window); the plot marks it.
+The recommendation: the smallest window whose throughput is within the rounds' noise of the
+best, i.e. whose fastest round reaches the slowest round of the fastest combination (one
+player, no window at all, counts as the smallest; ties: the smaller update lag, fewer
+players); the plot marks it. When several combinations are within that noise, the script
+says so: their differences in throughput are not measured at this number of rounds, and the
+pick rests on the lag alone. With one round there is no noise to go by: the pick is the
+fastest. The sweep's time is printed before it starts and when it ends.
 """
 
 import argparse
@@ -96,8 +101,6 @@ def build_parser():
                    help='steps taken before measuring starts (the learner needs a batch to sample)')
     p.add_argument('--warmup', type=float, default=2.0, help='seconds run before each measurement')
     p.add_argument('--seconds', type=float, default=10.0, help='seconds measured per combination')
-    p.add_argument('--throughput-fraction', type=float, default=0.9,
-                   help='the recommendation must reach this fraction of the best steps/s')
     p.add_argument('--rounds', type=int, default=3,
                    help='measure every combination this many times; the CSV and the plot show the '
                         'mean and the spread (min to max)')
@@ -188,16 +191,15 @@ class LagProbe:
 
     def __init__(self):
         self.lock = threading.Lock()
-        self.version = 0          # learner updates done
-        self.issue_version = []   # learner version when request k was issued
+        self.issued = 0           # requests the learner issued
         self.accepted = 0         # requests the manager accepted (queued or running)
         self.started = 0
         self.measuring = False
-        self.request_lags, self.update_lags = [], []
+        self.request_lags = []
 
     def issue(self):
         with self.lock:
-            self.issue_version.append(self.version)
+            self.issued += 1
 
     def accept(self):
         with self.lock:
@@ -207,11 +209,10 @@ class LagProbe:
         with self.lock:
             k = self.started
             self.started += 1
-            if self.measuring and k < len(self.issue_version):
+            if self.measuring and k < self.issued:
                 # The learner counts an acceptance just after the manager queued it, so a
                 # thread that starts the newest request at once may see -1: that is 0.
                 self.request_lags.append(max(0, self.accepted - k - 1))
-                self.update_lags.append(self.version - self.issue_version[k])
 
 
 class Probed:
@@ -252,29 +253,40 @@ def measure(args, make_player, frame_shape, dtype, history, predictor, players, 
                 memory.sample_batch(args.batch_size, rng=rng)   # the learner's data
                 if args.train_ms:
                     time.sleep(args.train_ms / 1000)             # ... and its update
-                with probe.lock:
-                    probe.version += 1
+                manager.lags.count_updates()                     # the library counts the lag
                 for _ in range(args.update_frequency):
                     probe.issue()
                     manager.step(args.exploration)
                     probe.accept()
 
         run(args.warmup)
-        steps0, version0 = memory.num_steps_written, probe.version
+        steps0, lags0 = memory.num_steps_written, manager.lags.figures()
         probe.measuring = True
         t0 = time.monotonic()
         run(args.seconds)
         elapsed = time.monotonic() - t0
         probe.measuring = False
-        steps, updates = memory.num_steps_written - steps0, probe.version - version0
+        lags1 = manager.lags.figures()
+        steps, updates = memory.num_steps_written - steps0, lags1.updates - lags0.updates
         stats = manager.stats()
-    req, upd = np.array(probe.request_lags or [0]), np.array(probe.update_lags or [0])
+    req = np.array(probe.request_lags or [0])
+    upd_mean, upd_max = _measured_lag(lags0.request_lag, lags1.request_lag)
     return dict(players=players, maximum_staleness=staleness,
                 steps_per_sec=steps / elapsed, updates_per_sec=updates / elapsed,
                 request_lag_mean=req.mean(), request_lag_max=int(req.max()),
-                update_lag_mean=upd.mean(), update_lag_max=int(upd.max()),
+                update_lag_mean=upd_mean, update_lag_max=upd_max,
                 mean_inference_batch=stats.mean_inference_batch or 0.0,
                 seconds=elapsed)
+
+
+def _measured_lag(before, after):
+    """The mean update lag of the requests started between two of the library's figures, and
+    the largest since the first update (the warm-up's included: the figures keep no window)."""
+    count = after.count - before.count
+    if count <= 0:
+        return 0.0, 0
+    total = (after.mean or 0.0) * after.count - (before.mean or 0.0) * before.count
+    return total / count, int(after.max or 0)
 
 
 ROUND_FIELDS = ['round', 'players', 'maximum_staleness', 'steps_per_sec', 'updates_per_sec',
@@ -314,10 +326,15 @@ def summarize(measured):
     return rows
 
 
-def recommend(rows, fraction):
-    best = max(r['steps_per_sec'] for r in rows)
-    ok = [r for r in rows if r['steps_per_sec'] >= fraction * best]
-    return min(ok, key=lambda r: (r['update_lag_mean'], r['players'], r['maximum_staleness'] or 0)), best
+def recommend(rows):
+    """``(pick, best, within)``: the smallest window whose fastest round reaches the slowest
+    round of the fastest combination (``best``), and all the combinations that do (see the
+    module docstring)."""
+    best = max(rows, key=lambda r: r['steps_per_sec'])
+    within = [r for r in rows if r['steps_per_sec_max'] >= best['steps_per_sec_min']]
+    pick = min(within, key=lambda r: (r['maximum_staleness'] or 0, r['update_lag_mean'],
+                                      r['players']))
+    return pick, best, within
 
 
 def _label(players):
@@ -402,6 +419,10 @@ def main(argv=None):
     pairs = combinations(args.players, args.staleness)
     if any(p == 1 for p, _ in pairs) and len(set(args.staleness)) > 1:
         print("1 player is stepped inline (no queue): measured once, for any maximum_staleness")
+    # Each measurement: its fill (about a second), the warm-up and the measured seconds.
+    estimate = len(pairs) * args.rounds * (1.0 + args.warmup + args.seconds)
+    print(f"{len(pairs)} combinations x {args.rounds} rounds: about {estimate / 60:.1f} minutes")
+    started = time.monotonic()
     widths = {f: max(len(f), 8) for f in ROUND_FIELDS}
     print(' '.join(f'{f:>{widths[f]}}' for f in ROUND_FIELDS))
     measured = {pair: [] for pair in pairs}
@@ -422,7 +443,7 @@ def main(argv=None):
     png_path = os.path.join(args.out_dir, 'staleness.png')
     write_csv(csv_path, FIELDS, rows)
     write_csv(rounds_path, ROUND_FIELDS, all_rounds)
-    rec, best = recommend(rows, args.throughput_fraction)
+    rec, best, within = recommend(rows)
     title = (f"{args.env}{f' x{args.vector}' if args.vector else ''}, predictor {args.predictor}, "
              f"learner {args.train_ms:g} ms/update, update_frequency {args.update_frequency}")
     import matplotlib.pyplot as plt
@@ -433,16 +454,26 @@ def main(argv=None):
         print(' '.join(f'{f:>{widths[f]}}' for f in FIELDS))
         for row in rows:
             print(_format(row, FIELDS, widths))
-    print(f"wrote {csv_path}, {rounds_path} and {png_path}")
+    print(f"wrote {csv_path}, {rounds_path} and {png_path}; the sweep took "
+          f"{(time.monotonic() - started) / 60:.1f} minutes")
     print(f"recommendation: num_parallel_players={rec['players']} "
           f"maximum_staleness={rec['maximum_staleness'] or 'any'}: "
           f"{rec['steps_per_sec']:.0f} steps/s (rounds {rec['steps_per_sec_min']:.0f}-"
-          f"{rec['steps_per_sec_max']:.0f}; {100 * rec['steps_per_sec'] / best:.0f}% of the best, "
-          f"{best:.0f}), request lag {rec['update_lag_mean']:.2f} updates on average "
-          f"(max {rec['update_lag_max']}), {rec['request_lag_mean']:.2f} queued requests")
+          f"{rec['steps_per_sec_max']:.0f}; the best {best['steps_per_sec']:.0f}, rounds "
+          f"{best['steps_per_sec_min']:.0f}-{best['steps_per_sec_max']:.0f}), request lag "
+          f"{rec['update_lag_mean']:.2f} updates on average (max {rec['update_lag_max']}), "
+          f"{rec['request_lag_mean']:.2f} queued requests")
+    if args.rounds == 1:
+        print("one round: no noise measured, the pick is the fastest (use --rounds 3 to tell "
+              "throughput from noise)")
+    elif len(within) > 1:
+        names = ', '.join(f"{r['players']} x {r['maximum_staleness'] or 'any'}" for r in within)
+        print(f"within the rounds' noise of the best: {names} (players x window): their "
+              f"throughputs are not told apart by {args.rounds} rounds; the smallest window "
+              "among them is picked, for its lag")
     cost = learning_cost(rec['update_lag_mean'])
     if cost:
-        print("what such a lag cost DQN's learning on MinAtar (docs/staleness_learning.md):")
+        print("the study's run nearest such a lag (DQN on MinAtar, docs/staleness_learning.md):")
         print('\n'.join(cost))
     return rows, rec
 

@@ -551,3 +551,22 @@ def test_dqn_atari_refuses_an_env_that_is_not_an_atari_game_naming_the_other_exa
     assert out.returncode == 2, out.stderr[-2000:]
     assert f'--env {env} is not an Atari game' in out.stderr
     assert 'examples/dqn_cartpole.py' in out.stderr
+
+
+def test_tune_staleness_picks_the_smallest_window_within_the_noise_of_the_best():
+    import tune_staleness
+
+    def row(players, window, mean, lo, hi, lag):
+        return dict(players=players, maximum_staleness=window, steps_per_sec=mean,
+                    steps_per_sec_min=lo, steps_per_sec_max=hi, update_lag_mean=lag)
+    rows = [row(1, None, 190, 185, 195, 0.0), row(2, 2, 380, 370, 399, 0.5),
+            row(4, 4, 430, 410, 460, 0.9), row(4, 8, 450, 400, 500, 1.1),
+            row(4, 16, 440, 420, 470, 2.7)]
+    pick, best, within = tune_staleness.recommend(rows)
+    assert (best['players'], best['maximum_staleness']) == (4, 8)
+    # 4 x 4's fastest round (460) reaches the best's slowest (400); 2 x 2's (399) does not.
+    assert [(r['players'], r['maximum_staleness']) for r in within] == [(4, 4), (4, 8), (4, 16)]
+    assert (pick['players'], pick['maximum_staleness']) == (4, 4)
+    # One player within the noise: no window at all is the smallest.
+    rows[0].update(steps_per_sec_max=420)
+    assert tune_staleness.recommend(rows)[0]['players'] == 1

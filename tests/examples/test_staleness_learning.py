@@ -99,7 +99,8 @@ def test_the_learning_cost_names_the_run_of_the_nearest_lag(tmp_path):
     baseline(base, 'breakout', 0, 8.0)
     lines = staleness_learning.learning_cost(700.0, data, base)
     assert lines == ["  breakout: at a request lag of 1000 updates (seed 0) DQN scored 7.50 over "
-                     "800k-1M frames, against 8.00 (8.00-8.00, 1 seeds) with no lag"]
+                     "800k-1M frames, against 8.00 (8.00-8.00, 1 seeds) with no lag (one "
+                     "unpaired run: not a measured cost)"]
     assert 'at a request lag of 2 updates' in staleness_learning.learning_cost(0.0, data, base)[0]
     assert staleness_learning.learning_cost(1.0, str(tmp_path / 'none'), base) == []
 
