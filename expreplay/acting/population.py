@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .._threads import DaemonThread
-from .._checks import check_callable, check_int, check_probability, check_seed
+from .._checks import check_callable, check_choice, check_int, check_probability, check_seed
 from ..stats import ManagerStats, PopulationStats, ScoreWindow
 from .exploration import Exploration, ExplorationArg
 from ..lags import DataLags
@@ -63,6 +63,8 @@ class PredictorSlot:
                  lags: DataLags | None = None) -> None:
         self._predictor = predictor
         self._lags = lags      # told of each hand-over and of the states predicted
+        #: The states go to the predictor frames first (``'NCHW'``) instead of last.
+        self.frames_first = False
 
     def set(self, predictor: Callable[[np.ndarray], Any] | None) -> None:
         """Use ``predictor`` from the next call on (a plain attribute store: atomic): a
@@ -83,6 +85,8 @@ class PredictorSlot:
         if predictor is None:
             raise RuntimeError("no predictor set: the runners needed a greedy action before the "
                                "Q-function was given (set one, or use exploration=1.0)")
+        if self.frames_first:
+            states = np.moveaxis(states, -1, 1)     # a view: (n, history_len, *state_shape)
         out = predictor(states)
         if self._lags is not None:
             self._lags.acted(len(states))
@@ -105,7 +109,9 @@ class Population:
         num_players (int): players, i.e. runners (a vector player counts once).
         predictor: the Q-function, ``predictor(states)`` with ``states`` of shape
             ``(n, *state_shape, history_len)`` (channels-last, oldest frame first, the memory's
-            dtype). It returns the Q-values ``(n, num_actions)``, or a list of outputs whose
+            dtype; ``(n, history_len, *state_shape)`` when started with ``layout='NCHW'``, as a
+            stream whose sampling has that layout starts it: the players' states then have
+            the layout of the batches). It returns the Q-values ``(n, num_actions)``, or a list of outputs whose
             first is the Q-values (tensorpack's convention). With several players it is called
             from one inference thread (never concurrently), with one player from the thread
             that requests the steps (a stream's prefetch thread, which enters
@@ -269,13 +275,16 @@ class Population:
             _close_quietly(player)
             raise
 
-    def start(self, memory: ReplayMemory, *, default_staleness: int | None = None) -> None:
+    def start(self, memory: ReplayMemory, *, default_staleness: int | None = None,
+              layout: str | None = None) -> None:
         """Build the runners on ``memory`` and their manager; steps nothing.
 
         ``default_staleness``: the ``maximum_staleness`` of a population that was given none
         (the starter's default; a :class:`~expreplay.stream.ReplayStream` passes its own, the
         one place that default is decided). A population with neither is refused
-        (ValueError): it has no default of its own.
+        (ValueError): it has no default of its own. ``layout``: the predictor's states
+        frames last (``'NHWC'``; None: the same) or first (``'NCHW'``); a stream passes its
+        sampling's, so that the players' states have the batches' layout.
 
         An exception on the way (a Ctrl-C in ``get_player()``, an env that fails to build)
         closes what was built and leaves the population as before the call. The manager's
@@ -286,6 +295,7 @@ class Population:
         from another thread waits for the manager's construction only (milliseconds), not
         for the players; the start closes what it built once it sees the population closed.
         """
+        frames_first = check_choice(layout or 'NHWC', 'layout', ('NHWC', 'NCHW')) == 'NCHW'
         staleness = self.maximum_staleness
         if staleness is None:
             if default_staleness is None:
@@ -301,6 +311,7 @@ class Population:
                 self.episode_log = EpisodeLog(os.path.join(os.fspath(self.episode_log_dir),
                                                            EPISODE_LOG_FILENAME))
             first, self._first_player = self._first_player, None
+            self._predictor.frames_first = frames_first
             self._build(memory, first, staleness)
         except BaseException:
             if self.episode_log is not None:

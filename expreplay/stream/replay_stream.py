@@ -273,8 +273,7 @@ class ReplayStream:
         return 2 * self.sampling.steps_per_batch
 
     def _requests_held(self, request_lag: int) -> int:
-        """The requests a window holds with a fixed ``request_lag``: those of the batches of
-        ``request_lag`` updates, the prefetch buffer and the one being drawn, and one per player."""
+        """A window's requests with ``request_lag``: its updates', the prefetch's and one per player."""
         depth = DEFAULT_PREFETCH if self.prefetch is None else self.prefetch
         return (request_lag + depth + 2) * self.sampling.steps_per_batch + self.population.num_players
 
@@ -300,7 +299,8 @@ class ReplayStream:
         try:
             # A close() from another thread meanwhile closes the population; its start sees
             # that and closes what it built (Population.start).
-            population.start(self.memory, default_staleness=self.maximum_staleness)
+            population.start(self.memory, default_staleness=self.maximum_staleness,
+                             layout=sampling.layout)
         except BaseException as err:
             self._start_claim.release()    # not started: a later start() tries again
             if self._closed and isinstance(err, Exception):   # closed under it: not a fault

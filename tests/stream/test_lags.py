@@ -193,3 +193,4 @@ def test_waiting_for_the_players_starts_the_requests_a_fixed_lag_holds():
         assert stream.population.progress()[1] == 0
         request = stream.stats().lags.request_lag
     assert request.count > 0 and request.max < 50
+

@@ -6,7 +6,8 @@ import warnings
 import numpy as np
 import pytest
 
-from expreplay import Population
+from expreplay import Population, ReplayMemory, ReplayStream, Sampling
+from scripted_env import ScriptedEnv
 from expreplay.stream import replay_stream, watch
 from test_stream import EnvFactory, _scripted_vector, make_stream, our_threads, prefer
 
@@ -100,3 +101,23 @@ def test_a_given_prefetch_is_kept_whatever_the_players():
         next(iter(stream))
         assert stream.prefetcher is not None
     assert our_threads() == []
+
+
+@pytest.mark.parametrize('layout', ['NHWC', 'NCHW'])
+@pytest.mark.parametrize('players', [1, 2])
+def test_the_players_states_have_the_layout_of_the_batches(layout, players):
+    seen = []
+
+    def predictor(states):
+        seen.append(states.shape[1:])
+        return np.zeros((len(states), 3), np.float32)
+
+    memory = ReplayMemory(2000, (6,), 3)
+    population = Population(lambda: ScriptedEnv(0), players, predictor, exploration=0.0, seed=0)
+    stream = ReplayStream(memory, population, Sampling(8, 1, layout=layout, seed=0),
+                          init_memory_size=32, prefetch=0, progress=False)
+    with stream:
+        batch = next(iter(stream))
+    expected = (6, 3) if layout == 'NHWC' else (3, 6)
+    assert batch.state.shape[1:] == expected
+    assert seen and set(seen) == {expected}
