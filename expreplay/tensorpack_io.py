@@ -70,6 +70,7 @@ from .acting.population import Population  # noqa: E402
 from .storage.memory import ReplayMemory  # noqa: E402
 from .stream.replay_stream import ReplayStream  # noqa: E402
 from .stream.sampling import Sampling  # noqa: E402
+from .stream.batch_format import TENSORPACK, TRANSITIONS  # noqa: E402
 
 __all__ = ['ExpReplay', 'CLOSE_TIMEOUT']
 
@@ -225,7 +226,7 @@ class ExpReplay(DataFlow, Callback):
             # tensorpack's 4-list is uniform replay's; a prioritized memory's batches need
             # SampleBatch's indices and weights.
             sampling = Sampling(batch_size, update_frequency,
-                                batch_format='transitions' if memory.prioritized else 'tensorpack')
+                                batch_format=TRANSITIONS if memory.prioritized else TENSORPACK)
         else:
             _agree('sampling', sampling, Sampling, batch_size=('batch_size', batch_size),
                    update_frequency=('update_frequency', update_frequency))
@@ -444,7 +445,7 @@ class ExpReplay(DataFlow, Callback):
             # ExpReplay's own sampling, seeded: the 4-list unless the memory is prioritized.
             prioritized = memory is not None and memory.prioritized
             args['sampling'] = Sampling(args['batch_size'], args['update_frequency'], seed=seed,
-                                        batch_format='transitions' if prioritized else 'tensorpack')
+                                        batch_format=TRANSITIONS if prioritized else TENSORPACK)
         schedule = None
         if population is None:
             if exploration is None:

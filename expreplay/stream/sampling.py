@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Union
 import numpy as np
 
 from .._checks import check_choice, check_int, check_probability, check_real, check_seed
+from .batch_format import BatchFormat, batch_format as as_batch_format
 from .ratelimit import SampleToInsertRatio
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class Sampling:
         layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
             ``'NCHW'`` (frames first, for models that transpose on the device).
         seed (int): seeds the draws; None: unseeded.
-        batch_format (str): ``'transitions'`` (the default): every batch is a
+        batch_format (str or BatchFormat): ``'transitions'`` (the default): every batch is a
             :class:`~expreplay.storage.memory.SampleBatch`, whatever the other settings, with
             the fields ``state, action, reward, next_state, discount, is_over, indices,
             weights``: the target is ``reward + discount * max_a Q(next_state, a)``,
@@ -60,7 +61,8 @@ class Sampling:
             array of ``history_len + 1`` frames per transition). That 4-list has no discount,
             indices or weights, so ``'tensorpack'`` is refused (ValueError naming
             ``batch_format``) with ``n_step`` > 1, here, and with a prioritized memory, by
-            :meth:`check_memory` (at the latest when the first batch is drawn).
+            :meth:`check_memory` (at the latest when the first batch is drawn). Kept as a
+            :class:`~expreplay.stream.batch_format.BatchFormat` (``batch_format.name``).
 
     Example, the default batches (with ``batch_format='tensorpack'``, unpack the 4-list
     instead: ``for comb_state, action, reward, is_over in stream``)::
@@ -78,7 +80,7 @@ class Sampling:
     def __init__(self, batch_size: int, update_frequency: int | None = None, *,
                  samples_per_insert: float | None = None, n_step: int = 1, gamma: float = 0.99,
                  beta: Beta = None, weight_norm: str = 'memory', layout: str = 'NHWC',
-                 seed: int | None = None, batch_format: str = 'transitions') -> None:
+                 seed: int | None = None, batch_format: str | BatchFormat = 'transitions') -> None:
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
         self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
         self.update_frequency: int | None
@@ -107,16 +109,11 @@ class Sampling:
         self.weight_norm = check_choice(weight_norm, 'weight_norm', ('memory', 'batch'))
         self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         self.seed = check_seed(seed, 'seed')
-        self.batch_format = check_choice(batch_format, 'batch_format', ('transitions', 'tensorpack'))
-        if self.batch_format == 'tensorpack' and self.n_step > 1:
-            raise ValueError(
-                f"batch_format='tensorpack' can not carry n-step returns (n_step={self.n_step}): "
-                "tensorpack's [comb_state, action, reward, isOver] has no discount for the "
-                "steps summed; use batch_format='transitions' (SampleBatch: state, action, "
-                "reward, next_state, discount, is_over, indices, weights), or n_step=1")
+        self.batch_format = as_batch_format(batch_format)
+        self.batch_format.check(self.n_step)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()     # the rng and the batch count: any thread may draw
-        self.batches_sampled = 0          # named batches drawn (the beta schedule's k)
+        self.batches_sampled = 0          # batches drawn (the beta schedule's k)
 
     @property
     def steps_per_batch(self) -> int:
@@ -131,20 +128,7 @@ class Sampling:
         ``memory``: ``'tensorpack'`` from a prioritized memory (the 4-list has no indices to
         feed priorities back, nor importance weights). Every draw checks it; a stream may call
         it as soon as it has the memory."""
-        if self.batch_format == 'tensorpack' and memory.prioritized:
-            raise ValueError(
-                "batch_format='tensorpack' can not carry prioritized replay: tensorpack's "
-                "[comb_state, action, reward, isOver] has no indices (to feed priorities back "
-                "with update_priorities) and no importance weights; use "
-                "batch_format='transitions' (SampleBatch: state, action, reward, next_state, "
-                "discount, is_over, indices, weights), or a uniform memory (prioritized=False)")
-
-    def named_batches(self, memory: ReplayMemory) -> bool:
-        """Whether batches from ``memory`` are SampleBatch tuples rather than tensorpack's
-        4-list (``batch_format='tensorpack'``); ValueError if that format can not be drawn
-        from ``memory`` (:meth:`check_memory`)."""
-        self.check_memory(memory)
-        return self.batch_format == 'transitions'
+        self.batch_format.check_memory(memory)
 
     def rate_limiter(self, per_request: int) -> SampleToInsertRatio | None:
         """The limiter for ``samples_per_insert`` (None for ``update_frequency``): a request
@@ -163,11 +147,12 @@ class Sampling:
         # under it. The memory hands out arrays of earlier batches only once nothing refers to
         # them any more (``storage/_recycled.py``), which spares the page faults of new ones.
         with self._lock:
-            if not self.named_batches(memory):
-                return memory.sample_batch(self.batch_size, rng=self._rng, layout=self.layout)
-            beta = self.beta(self.batches_sampled) if callable(self.beta) else self.beta
-            batch = memory.sample(self.batch_size, n_step=self.n_step, gamma=self.gamma,
-                                  beta=beta, layout=self.layout, rng=self._rng,
-                                  weight_norm=self.weight_norm)
+            self.batch_format.check_memory(memory)
+            batch = self.batch_format.draw(self, memory, self._rng)
             self.batches_sampled += 1
             return batch
+
+    def current_beta(self) -> float | None:
+        """The importance-sampling exponent of the batch being drawn: ``beta``, or its
+        schedule's value at the batches drawn before it."""
+        return self.beta(self.batches_sampled) if callable(self.beta) else self.beta

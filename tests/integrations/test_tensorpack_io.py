@@ -635,11 +635,11 @@ def test_parts_passed_in_replace_the_built_ones_and_keep_their_settings():
     # Built from tensorpack's arguments: a uniform memory yields tensorpack's 4-list, a
     # prioritized one SampleBatches; the population has ExpReplay's close timeout.
     plain = make_expreplay(EnvFactory())
-    assert plain.stream.sampling.batch_format == 'tensorpack' and not plain.mem.prioritized
+    assert plain.stream.sampling.batch_format.name == 'tensorpack' and not plain.mem.prioritized
     assert plain.stream.population.close_timeout == CLOSE_TIMEOUT
     plain.stream.close(save=False)
     per = make_expreplay(EnvFactory(), memory=ReplayMemory(2000, (6,), HISTORY, prioritized=True))
-    assert per.stream.sampling.batch_format == 'transitions'
+    assert per.stream.sampling.batch_format.name == 'transitions'
     per.stream.close(save=False)
 
 

@@ -33,7 +33,7 @@ def test_the_preset_is_dqn_pys_expreplay():
         assert replay.mem.max_size == 1_000_000 and replay.mem.state_shape == (84, 84)
         assert replay.mem.history_len == 4 and replay.mem.dtype == np.dtype('uint8')
         assert stream.sampling.batch_size == 64 and stream.sampling.update_frequency == 4
-        assert stream.sampling.batch_format == 'tensorpack'   # DQN.py's model reads the 4-list
+        assert stream.sampling.batch_format.name == 'tensorpack'   # DQN.py's model reads the 4-list
         assert stream.init_memory_size == 50_000
         population = stream.population
         assert population.num_players == 3 and population.close_timeout == CLOSE_TIMEOUT
@@ -90,14 +90,14 @@ def test_seed_seeds_the_parts_built_here_and_is_refused_when_it_would_seed_none(
     try:
         stream = replay.stream
         assert stream.population.seed == 5 and stream.sampling.seed == 5
-        assert stream.sampling.batch_format == 'tensorpack'    # as ExpReplay's own sampling
+        assert stream.sampling.batch_format.name == 'tensorpack'    # as ExpReplay's own sampling
         assert stream.population.exploration_schedule is not None   # the preset's epsilon
     finally:
         replay.stream.close()
     memory = ReplayMemory(2_000, (84, 84), 4, prioritized=True)
     replay = ExpReplay.atari_dqn(q_values, atari_env, memory=memory, seed=5)
     try:
-        assert replay.stream.sampling.batch_format == 'transitions' and replay.stream.sampling.seed == 5
+        assert replay.stream.sampling.batch_format.name == 'transitions' and replay.stream.sampling.seed == 5
     finally:
         replay.stream.close()
     population = Population(atari_env, 2, seed=1, manager_kwargs={'close_timeout': CLOSE_TIMEOUT})
