@@ -608,7 +608,9 @@ def train(args):
     print(f"DQN (JAX) on MinAtar {GAMES[args.game]}: {args.frames} frames, seed {args.seed}, "
           f"{args.players} player{'s' if args.players > 1 else ''}" + (
               f" (staleness {stream.maximum_staleness}" + (f", env steps + {args.env_ms:g} ms" if args.env_ms else '')
-              + ")" if args.players > 1 else '') + f", {jax.default_backend()} learner; " + (
+              + (f", request lag {args.request_lag} updates, fixed" if args.request_lag else '')
+              + ")" if args.players > 1 else '') + f", {per_call} update{'s' if per_call > 1 else ''} "
+          f"per call, {jax.default_backend()} learner; " + (
               f"{len(memory)} transitions in the memory" if stream.resumed else
               f"filling {args.replay_start} frames at random first"), flush=True)
     start = last_log = time.time()

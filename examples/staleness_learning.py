@@ -52,8 +52,9 @@ import shutil
 
 import numpy as np
 
-FIELDS = ['game', 'seed', 'players', 'staleness', 'env_ms', 'weights_every', 'frames', 'seconds',
-          'mean_lag', 'max_lag', 'mean_age', 'max_age', 'returns']
+FIELDS = ['game', 'seed', 'players', 'staleness', 'env_ms', 'weights_every', 'updates_per_call',
+          'request_lag', 'frames', 'seconds', 'mean_lag', 'max_lag', 'mean_age', 'max_age',
+          'returns']
 HERE = os.path.dirname(os.path.abspath(__file__))
 DATA = os.path.join(HERE, '..', 'docs', 'data', 'staleness')          # the committed study
 BASELINE = os.path.join(HERE, '..', 'docs', 'data', 'minatar_jax')   # one-player runs: lag 0
@@ -61,6 +62,8 @@ LAST_LINE = re.compile(r"training done: (\d+) frames, \d+ games in (\d+) s, mean
                        r"([\d.]+) updates \(max (\d+)\), acting weights' mean age ([\d.]+) "
                        r"updates \(max (\d+)\)")
 PLAYERS = re.compile(r': \d+ frames, seed \d+, (\d+) players?')
+UPDATES_PER_CALL = re.compile(r', (\d+) updates? per call')
+REQUEST_LAG = re.compile(r'request lag (\d+) updates, fixed')
 
 
 def window_score(path, low=800_000, high=1_000_000):
@@ -149,6 +152,9 @@ def add(args):
     if seconds <= 0:
         raise SystemExit(f"--stopped {args.stopped} is not less than the run's {seconds + args.stopped} s")
     players = PLAYERS.findall(log)
+    per_call = UPDATES_PER_CALL.findall(log) or ([str(args.updates_per_call)]
+                                                 if args.updates_per_call else [''])
+    fixed = REQUEST_LAG.findall(log)
     os.makedirs(args.data, exist_ok=True)
     label = f"_{args.label}" if args.label else ''
     setting = (f"_k{args.staleness}" if args.staleness else '') + (
@@ -162,7 +168,8 @@ def add(args):
     rows = [r for r in rows if r['returns'] != name]      # a run added again replaces its row
     rows.append(dict(game=args.game, seed=args.seed, players=players[-1] if players else '',
                      staleness=args.staleness or '', env_ms=args.env_ms,
-                     weights_every=args.weights_every, frames=frames, seconds=seconds,
+                     weights_every=args.weights_every, updates_per_call=per_call[0],
+                     request_lag=fixed[0] if fixed else '', frames=frames, seconds=seconds,
                      mean_lag=mean_lag, max_lag=max_lag, mean_age=mean_age, max_age=max_age,
                      returns=name))
     with open(table, 'w', newline='') as f:
@@ -235,16 +242,18 @@ def report(args):
     rows, baseline = study(args.data, args.baseline)
     rows.sort(key=lambda r: (r['game'], int(r.get('weights_every') or 1), float(r['mean_lag']),
                              int(r['seed'])))
-    print("| game | seed | window | weights every | request lag, mean (max) | weights' age, mean "
-          "(max) | score, 800k-1M (episodes) | frames/s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| game | seed | window | weights every | updates per call | request lag, mean (max) | "
+          "weights' age, mean (max) | score, 800k-1M (episodes) | frames/s |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for game, scores in baseline.items():
-        print(f"| {game} | {len(scores)} seeds | one player, inline | 1 | 0 | 1 | "
+        print(f"| {game} | {len(scores)} seeds | one player, inline | 1 | 1 | 0 | 1 | "
               f"{np.mean(scores):.2f} ({min(scores):.2f}-{max(scores):.2f}) | |")
     for r in rows:
         window = r['staleness'] or 'one player, inline'
         weights_age = f"{age(r):.1f} ({r['max_age']})" if r.get('mean_age') else 'not measured'
+        window += f" (fixed lag {r['request_lag']})" if r.get('request_lag') else ''
         print(f"| {r['game']} | {r['seed']} | {window} | {r.get('weights_every') or 1} | "
+              f"{r.get('updates_per_call') or 'not recorded'} | "
               f"{float(r['mean_lag']):.1f} ({r['max_lag']}) | {weights_age} | "
               f"{r['score']:.2f} ({r['episodes']}) | {r['rate']:.0f} |")
     print()
@@ -315,6 +324,9 @@ def main(argv=None):
     a.add_argument('--staleness', type=int, help="the run's --staleness (none: one player)")
     a.add_argument('--env-ms', type=float, default=0.0, help="the run's --env-ms")
     a.add_argument('--weights-every', type=int, default=1, help="the run's --weights-every")
+    a.add_argument('--updates-per-call', type=int,
+                   help="the run's --updates-per-call, for a log that does not say it (logs "
+                        "written before the example printed it)")
     a.add_argument('--label', default='',
                    help="tells a run apart from another of the same game, setting and seed (e.g. "
                         "'shared' for one that shared the machine): added to its file's name")

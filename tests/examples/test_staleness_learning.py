@@ -68,9 +68,9 @@ def test_a_run_is_added_and_scored_over_its_last_200k_frames(tmp_path, capsys):
     capsys.readouterr()
     staleness_learning.main(['report', '--data', data, '--baseline', base])
     out = capsys.readouterr().out
-    assert '| breakout | 2 seeds | one player, inline | 1 | 0 | 1 | 8.00 (7.00-9.00) | |' in out
-    assert '| breakout | 0 | 64 | 1 | 61.5 (64) | 1.0 (1) | 6.00 (3) | 500 |' in out
-    assert '| breakout | 0 | 64 | 1 | 61.5 (64) | 1.0 (1) | 6.00 (3) | 625 |' in out  # labelled
+    assert '| breakout | 2 seeds | one player, inline | 1 | 1 | 0 | 1 | 8.00 (7.00-9.00) | |' in out
+    assert '| breakout | 0 | 64 | 1 | not recorded | 61.5 (64) | 1.0 (1) | 6.00 (3) | 500 |' in out
+    assert '| breakout | 0 | 64 | 1 | not recorded | 61.5 (64) | 1.0 (1) | 6.00 (3) | 625 |' in out  # labelled
 
 
 def test_a_hand_over_run_is_named_and_reported_by_its_weights_age(tmp_path, capsys):
@@ -84,8 +84,8 @@ def test_a_hand_over_run_is_named_and_reported_by_its_weights_age(tmp_path, caps
     capsys.readouterr()
     staleness_learning.main(['report', '--data', data, '--baseline', str(tmp_path / 'none')])
     out = capsys.readouterr().out
-    assert ('| breakout | 1 | one player, inline | 10000 | 0.0 (0) | 5000.5 (10000) | 5.00 (1) '
-            '| 500 |') in out
+    assert ('| breakout | 1 | one player, inline | 10000 | not recorded | 0.0 (0) | 5000.5 (10000) '
+            '| 5.00 (1) | 500 |') in out
     # The window's learning lines are about the request lag: a hand-over run is not one of them.
     assert staleness_learning.learning_cost(0.0, data, str(tmp_path / 'none')) == []
 
@@ -152,3 +152,18 @@ def test_a_hand_over_arm_is_paired_with_the_no_lag_runs_of_its_seeds(tmp_path, c
     staleness_learning.main(['report', '--data', str(data), '--baseline', str(base)])
     out = capsys.readouterr().out
     assert '| breakout | 100000 | 0, 1, 2, 3, 4 | 7.80 -> 5.80 | -2.00 [' in out
+
+
+def test_a_run_s_updates_per_call_and_fixed_request_lag_are_read_from_its_log(tmp_path):
+    data = str(tmp_path / 'data')
+    run = finished_run(tmp_path / 'r', [(900_000, 5.0)], 4096.0, 4096)
+    log = os.path.join(run, 'log.txt')
+    text = open(log).read().replace('(staleness 64)', '(staleness 4200, request lag 4096 updates, '
+                                    'fixed), 1 update per call')
+    open(log, 'w').write(text)
+    staleness_learning.main(['add', run, '--game', 'breakout', '--seed', '0', '--data', data])
+    old = finished_run(tmp_path / 'old', [(900_000, 5.0)], 0.0, 0, 50.0, 100, players=1)
+    staleness_learning.main(['add', old, '--game', 'breakout', '--seed', '1', '--weights-every',
+                             '100', '--updates-per-call', '1', '--data', data])
+    rows = staleness_learning.read_table(os.path.join(data, 'runs.csv'))
+    assert [(r['updates_per_call'], r['request_lag']) for r in rows] == [('1', '4096'), ('1', '')]
