@@ -187,7 +187,9 @@ def stop_run(tmp_path, sig, args=STOPPABLE_RUN, when=lambda line, progress: prog
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM], ids=['ctrl-c', 'kill'])
 def test_a_stopped_run_saves_the_learner_with_the_memory_and_goes_on(tmp_path, sig):
     (frames, updates), _ = stop_run(tmp_path, sig)
-    assert frames >= 300 + 49 and updates == frames - 300 + 1, (frames, updates)
+    # One update per frame after the fill, the first at its end; a stop inside next(stream),
+    # after its frame is stored and before its update, leaves one update fewer.
+    assert frames >= 300 + 49 and frames - 300 <= updates <= frames - 300 + 1, (frames, updates)
     resumed = example(['--frames', str(frames + 200), *STOPPABLE_RUN[2:]], tmp_path)
     assert f'resuming from ckpt: frame {frames}, update {updates}' in resumed
     assert f'training done: {frames + 200} frames' in resumed
