@@ -67,6 +67,7 @@ except ImportError as err:
 
 from ._checks import check_bool, check_int  # noqa: E402
 from .acting.population import Population  # noqa: E402
+from .presets import ATARI_DQN, FrameSchedule  # noqa: E402
 from .storage.memory import ReplayMemory  # noqa: E402
 from .stream.replay_stream import ReplayStream  # noqa: E402
 from .stream.sampling import Sampling  # noqa: E402
@@ -412,13 +413,13 @@ class ExpReplay(DataFlow, Callback):
         and dtype; a ``sampling`` its batch size and update frequency; a ``population`` its
         number of players and its exploration: ``exploration`` is then refused).
         """
-        from .stream import _presets
-        preset = _presets.ATARI_DQN
+        memory_values, sampling_values = ATARI_DQN.memory, ATARI_DQN.sampling
         args: dict[str, Any] = {
-            'num_parallel_players': preset['num_players'], 'state_shape': preset['state_shape'],
-            'batch_size': preset['batch_size'], 'memory_size': preset['max_size'],
-            'update_frequency': preset['update_frequency'],
-            'history_len': preset['history_len']}
+            'num_parallel_players': ATARI_DQN.population['num_players'],
+            'state_shape': memory_values['state_shape'],
+            'batch_size': sampling_values['batch_size'], 'memory_size': memory_values['max_size'],
+            'update_frequency': sampling_values['update_frequency'],
+            'history_len': memory_values['history_len']}
         memory, sampling = overrides.get('memory'), overrides.get('sampling')
         population = overrides.get('population')
         if memory is not None:
@@ -438,7 +439,7 @@ class ExpReplay(DataFlow, Callback):
                              "sampling, and both are passed in; set the seed on them")
         args.update(overrides)
         # Both are used here before ExpReplay checks them: a wrong type says which it is.
-        args.setdefault('init_memory_size', _presets.atari_init_memory_size(
+        args.setdefault('init_memory_size', ATARI_DQN.fill(
             check_int(args['memory_size'], 'memory_size', allow_float=True)))
         fill = check_int(args['init_memory_size'], 'init_memory_size', 0, allow_float=True)
         if seed is not None and sampling is None:
@@ -449,7 +450,7 @@ class ExpReplay(DataFlow, Callback):
         schedule = None
         if population is None:
             if exploration is None:
-                exploration = schedule = _presets.FrameSchedule(_presets.ATARI_EPSILON, fill)
+                exploration = schedule = FrameSchedule(ATARI_DQN.epsilon, fill)
             args['population'] = _built(
                 lambda: Population(get_player, args['num_parallel_players'],
                                    exploration=exploration, seed=seed,

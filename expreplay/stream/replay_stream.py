@@ -111,10 +111,12 @@ import numpy as np
 
 from .._checks import check_int
 from ..stats import ScoreWindow, StreamStats
+from ..presets import ATARI_DQN, MINATAR_DQN, Preset
 from ..storage.memory import ReplayMemory
 from .checkpoint import MemoryCheckpoint
 from .fill import ProgressArg, check_progress, fill_memory
 from .pacing import Pacer
+from .preset_parts import build_preset_stream
 from .prefetch import DEFAULT_PREFETCH, Prefetcher, default_prefetch
 from .sampling import Sampling
 from .watch import RandomPlayWatch
@@ -520,56 +522,54 @@ class ReplayStream:
 
     # ------------------------------------------------------------------ presets
     @classmethod
+    def from_preset(cls, preset: Preset, get_player: Callable[[], Any] | None = None,
+                    predictor: Callable[[np.ndarray], Any] | None = None, *,
+                    memory: ReplayMemory | Mapping[str, Any] | None = None,
+                    population: Population | Mapping[str, Any] | None = None,
+                    sampling: Sampling | Mapping[str, Any] | None = None,
+                    seed: int | None = None, **stream_settings: Any) -> ReplayStream:
+        """A stream of ``get_player``'s games acted on with ``predictor``, its parts built from
+        ``preset`` (:class:`expreplay.presets.Preset`).
+
+        Each part is either passed in, used as it is, or built from the preset's values for
+        it updated with a mapping of the part's own keyword arguments:
+        ``memory={'max_size': 200_000, 'prioritized': True}``, ``population={'num_players':
+        8}``, ``sampling={'n_step': 3, 'beta': 0.4}``. A population built here acts with the
+        preset's epsilon schedule (:class:`~expreplay.presets.FrameSchedule`, going on from
+        a memory restored from ``checkpoint_dir``) unless the mapping gives ``exploration``.
+        ``seed`` seeds the population and the sampling built here. The other keywords are
+        the stream's own (``init_memory_size``, the preset's fill by default; ``prefetch``,
+        ``checkpoint_dir``, ``progress``).
+
+        Raises TypeError naming a keyword no part takes, a setting given for a part that is
+        passed in, a seed given twice, or get_player or predictor beside a population passed
+        in (it has them); ValueError for a seed that would seed nothing.
+        """
+        return build_preset_stream(cls, preset, get_player, predictor, memory=memory,
+                                   population=population, sampling=sampling, seed=seed,
+                                   stream_settings=stream_settings)
+
+    @classmethod
     def atari_dqn(cls, get_player: Callable[[], Any] | None = None,
                   predictor: Callable[[np.ndarray], Any] | None = None,
-                  **overrides: Any) -> ReplayStream:
-        """The replay of tensorpack's ``examples/DeepQNetwork/DQN.py`` (the Nature DQN's, batch
-        64): a stream of ``get_player``'s games acted on with ``predictor``.
-
-        The values (from DQN.py; the constants are in :mod:`expreplay.stream._presets`):
-        memory of 1,000,000 frames of 84x84 (``uint8``, the memory's default), history 4;
-        batches of 64, one per 4 agent steps; 3 players; a fill of ``max_size // 20``
-        transitions (50,000); epsilon 1 during the fill, then 1 -> 0.1 over the first 1M
-        agent steps and -> 0.01 by 40M, a schedule of the frames stored given to the
-        population (a memory restored from ``checkpoint_dir`` goes on from its own count).
-
-        Any keyword argument of :class:`~expreplay.ReplayMemory`, :class:`Population
-        <expreplay.acting.population.Population>`, :class:`~expreplay.stream.sampling.Sampling`
-        or the stream replaces the preset's value or adds to it, in the part that takes it
-        (``seed`` seeds the population and the sampling): ``max_size=200_000``,
-        ``num_players=8``, ``exploration=0.1``, ``prioritized=True, beta=0.4, n_step=3``,
-        ``checkpoint_dir=...``. ``memory=``, ``population=`` or ``sampling=`` pass a part
-        itself, used as it is (its own settings are then not overrides: TypeError); with
-        ``population=`` give no ``get_player`` or ``predictor`` (it has them).
+                  **settings: Any) -> ReplayStream:
+        """The replay of tensorpack's ``examples/DeepQNetwork/DQN.py``: :meth:`from_preset` of
+        :data:`expreplay.presets.ATARI_DQN` (its values and their sources are there), e.g.
+        ``ReplayStream.atari_dqn(get_player, q_values, memory={'max_size': 200_000}, seed=0)``.
         """
-        from . import _presets
-        return _presets.preset_stream(cls, _presets.ATARI_DQN, overrides, get_player=get_player,
-                                      predictor=predictor, epsilon=_presets.ATARI_EPSILON,
-                                      init_memory_size=_presets.atari_init_memory_size)
+        return cls.from_preset(ATARI_DQN, get_player, predictor, **settings)
 
     @classmethod
     def minatar_dqn(cls, get_player: Callable[[], Any] | None = None,
                     predictor: Callable[[np.ndarray], Any] | None = None,
-                    **overrides: Any) -> ReplayStream:
-        """The replay of the MinAtar paper's DQN (Young & Tian 2019; its repository's
-        ``examples/dqn.py``): a stream of ``get_player``'s games acted on with ``predictor``.
-
-        The values (the constants, named as in dqn.py, are in
-        :mod:`expreplay.stream._presets`): memory of 100,000 frames of the game's ``(10, 10,
-        C)`` boolean observations (the shape read from a player built and closed for it),
-        history 1; batches of 32, one per frame; one player (the population's default);
-        5,000 random frames first; epsilon 1 during them, then 1 -> 0.1 over the next 100,000
-        frames, a schedule of the frames stored given to the population (a memory restored
-        from ``checkpoint_dir`` goes on from its own count). The target network and the
-        optimizer are the learner's (``examples/dqn_minatar_jax.py``).
-
-        Overrides as :meth:`atari_dqn`'s: ``ReplayStream.minatar_dqn(get_player, q_values,
-        seed=0, prioritized=True, n_step=3, init_memory_size=1_000)``.
+                    **settings: Any) -> ReplayStream:
+        """The replay of the MinAtar paper's DQN: :meth:`from_preset` of
+        :data:`expreplay.presets.MINATAR_DQN` (its values and their sources are there; the
+        frame shape is read from the players' observation space), e.g.
+        ``ReplayStream.minatar_dqn(get_player, q_values, seed=0, memory={'prioritized': True},
+        sampling={'n_step': 3}, init_memory_size=1_000)``.
         """
-        from . import _presets
-        return _presets.preset_stream(cls, _presets.MINATAR_DQN, overrides,
-                                      get_player=get_player, predictor=predictor,
-                                      epsilon=_presets.MINATAR_EPSILON)
+        return cls.from_preset(MINATAR_DQN, get_player, predictor, **settings)
 
 
 def _drawn_here(draw: Callable[[], tuple[int, Batch]], closed: Callable[[], bool],

@@ -85,10 +85,10 @@ def test_building_anything_changes_no_signal_handler_and_no_trace_function(tmp_p
         stream.close()
         assert_unchanged(before, 'ReplayStream.close')
     population.close()
-    for stream in (ReplayStream.minatar_dqn(MinAtarLike, zeros(6), max_size=500,
+    for stream in (ReplayStream.minatar_dqn(MinAtarLike, zeros(6), memory={'max_size': 500},
                                             init_memory_size=50, progress=False),
                    ReplayStream.atari_dqn(lambda: ScriptedEnv(obs_shape=(84, 84)), zeros(3),
-                                          max_size=2_000, progress=False)):
+                                          memory={'max_size': 2_000}, progress=False)):
         assert_unchanged(before, 'a preset')
         stream.close()
 

@@ -1,7 +1,8 @@
 """The presets: ReplayStream.atari_dqn (tensorpack's DQN.py) and ReplayStream.minatar_dqn (the
-MinAtar paper's DQN) build the set-up they name, take any part's argument as an override, and
-run."""
+MinAtar paper's DQN) build the set-up they name, take each part's settings for that part, a
+preset of one's own builds through ReplayStream.from_preset, and they run."""
 
+import dataclasses
 import threading
 
 import gymnasium as gym
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from expreplay import ReplayMemory
+from expreplay.presets import MINATAR_DQN
 from expreplay.stream import Population, ReplayStream, Sampling
 from scripted_env import ScriptedEnv
 
@@ -97,30 +99,52 @@ def test_atari_preset_is_dqn_pys_replay(closing):
 def test_overrides_win_in_the_part_that_owns_them(closing):
     made = MinAtarLike.made
     stream = ReplayStream.minatar_dqn(
-        MinAtarLike, zeros(6), state_shape=(10, 10, 4), max_size=1_000, prioritized=True,
-        batch_size=8, update_frequency=2, n_step=3, gamma=0.9, num_players=2,
-        exploration=0.2, seed=7, init_memory_size=100, prefetch=0, progress=False)
+        MinAtarLike, zeros(6),
+        memory={'state_shape': (10, 10, 4), 'max_size': 1_000, 'prioritized': True},
+        sampling={'batch_size': 8, 'update_frequency': 2, 'n_step': 3, 'gamma': 0.9},
+        population={'num_players': 2, 'exploration': 0.2},
+        seed=7, init_memory_size=100, prefetch=0, progress=False)
     closing(stream)
     assert MinAtarLike.made == made + 1   # a shape given: only the runner's first player
     memory, sampling, population = stream.memory, stream.sampling, stream.population
     assert memory.max_size == 1_000 and memory.prioritized and memory.history_len == 1
+    assert memory.dtype == np.dtype(bool)     # the preset's value, kept beside the overrides
     assert (sampling.batch_size, sampling.update_frequency, sampling.n_step, sampling.gamma) == \
         (8, 2, 3, 0.9)
     assert population.num_players == 2 and population.exploration == 0.2
     assert population.exploration_schedule is None
     assert population.seed == 7 and sampling.seed == 7    # one seed for the run
     assert stream.init_memory_size == 100 and stream.prefetch == 0
+    # The preset itself is unchanged, and can not be changed in place.
+    assert dict(MINATAR_DQN.memory) == {'max_size': 100_000, 'history_len': 1, 'dtype': 'bool'}
+    with pytest.raises(TypeError):
+        MINATAR_DQN.memory['max_size'] = 5
+
+
+def test_a_preset_of_ones_own_builds_its_parts(closing):
+    preset = dataclasses.replace(MINATAR_DQN, name='a small MinAtar DQN',
+                                 sampling={'batch_size': 4, 'update_frequency': 2},
+                                 init_memory_size=30, epsilon=((0, 1.0), (100, 0.5)))
+    stream = ReplayStream.from_preset(preset, MinAtarLike, zeros(6), memory={'max_size': 200},
+                                      progress=False)
+    closing(stream)
+    assert (stream.sampling.batch_size, stream.sampling.update_frequency) == (4, 2)
+    assert stream.memory.max_size == 200 and stream.memory.dtype == np.dtype(bool)
+    assert stream.init_memory_size == 30
+    epsilon = stream.population.exploration_schedule
+    assert [epsilon(s) for s in (0, 30, 80, 130, 10**6)] == \
+        pytest.approx([1.0, 1.0, 0.75, 0.5, 0.5])
 
 
 def test_atari_fill_follows_the_memory_size_and_the_schedule_the_fill(closing):
     stream = ReplayStream.atari_dqn(lambda: ScriptedEnv(obs_shape=(84, 84)), zeros(3),
-                                    max_size=2_000)
+                                    memory={'max_size': 2_000})
     closing(stream)
     assert stream.init_memory_size == 100     # DQN.py's memory size // 20
     epsilon = stream.population.exploration_schedule
     assert epsilon(100) == 1.0 and epsilon(100 + 500_000) == pytest.approx(0.55)
     stream = ReplayStream.atari_dqn(lambda: ScriptedEnv(obs_shape=(84, 84)), zeros(3),
-                                    max_size=2_000, init_memory_size=300)
+                                    memory={'max_size': 2_000}, init_memory_size=300)
     closing(stream)
     assert stream.population.exploration_schedule(300 + 500_000) == pytest.approx(0.55)
 
@@ -129,7 +153,8 @@ def test_parts_passed_in_are_used_as_they_are(closing):
     population = Population(MinAtarLike, 1, zeros(6), seed=1, exploration=0.5)
     sampling = Sampling(16, 1, seed=2)
     stream = ReplayStream.minatar_dqn(population=population, sampling=sampling,
-                                      state_shape=(10, 10, 4), max_size=500, init_memory_size=50)
+                                      memory={'state_shape': (10, 10, 4), 'max_size': 500},
+                                      init_memory_size=50)
     closing(stream)
     assert stream.population is population and stream.sampling is sampling
     assert population.exploration == 0.5 and population.seed == 1 and sampling.seed == 2
@@ -143,7 +168,8 @@ def test_parts_passed_in_are_used_as_they_are(closing):
 @pytest.mark.parametrize('preset', ['minatar_dqn', 'atari_dqn'])
 def test_seed_reaches_the_parts_built_and_is_refused_when_it_would_seed_none(closing, preset):
     build = getattr(ReplayStream, preset)
-    common = dict(state_shape=(10, 10, 4), dtype='bool', max_size=500, init_memory_size=50)
+    common = dict(memory={'state_shape': (10, 10, 4), 'dtype': 'bool', 'max_size': 500},
+                  init_memory_size=50)
     stream = build(population=Population(MinAtarLike, 1, zeros(6), seed=1), seed=3, **common)
     closing(stream)
     assert stream.population.seed == 1 and stream.sampling.seed == 3
@@ -157,39 +183,49 @@ def test_seed_reaches_the_parts_built_and_is_refused_when_it_would_seed_none(clo
 
 
 @pytest.mark.parametrize('preset', ['minatar_dqn', 'atari_dqn'])
-@pytest.mark.parametrize('name', ['max_size', 'init_memory_size', 'batch_size', 'num_players'])
+@pytest.mark.parametrize('part, name', [('memory', 'max_size'), (None, 'init_memory_size'),
+                                        ('sampling', 'batch_size'),
+                                        ('population', 'num_players')])
 @pytest.mark.parametrize('value', ['big', None, [100]])
-def test_a_number_of_the_wrong_type_is_a_type_error_naming_it(preset, name, value):
+def test_a_number_of_the_wrong_type_is_a_type_error_naming_it(preset, part, name, value):
+    settings = {'memory': {'state_shape': (10, 10, 4), 'dtype': 'bool'}}
+    if part is None:
+        settings[name] = value
+    else:
+        settings.setdefault(part, {})[name] = value
     with pytest.raises(TypeError, match=f'^{name} must be an integer'):
-        getattr(ReplayStream, preset)(MinAtarLike, zeros(6), state_shape=(10, 10, 4),
-                                      dtype='bool', **{name: value})
+        getattr(ReplayStream, preset)(MinAtarLike, zeros(6), **settings)
 
 
 @pytest.mark.parametrize('kwargs, message', [
-    (dict(population='P', max_size=10), None),
-    (dict(memory='M', max_size=10), "max_size=10 is the memory's setting"),
-    (dict(sampling='S', batch_size=4), "batch_size=4 is the sampling's setting"),
-    (dict(population='P', num_players=2), "num_players=2 is the population's setting"),
-    (dict(batchsize=4), "'batchsize' is not an argument"),
+    (dict(max_size=10), r"max_size is the memory's setting: give it as memory=\{'max_size': "),
+    (dict(batch_size=4), r"batch_size is the sampling's setting: give it as sampling="),
+    (dict(batchsize=4), r"unexpected keyword argument 'batchsize'"),
+    (dict(memory={'max_sise': 10}), r"unexpected keyword argument 'max_sise'"),
+    (dict(sampling={'nstep': 3}), r"unexpected keyword argument 'nstep'"),
+    (dict(memory=100), r"memory must be a ReplayMemory or a mapping of its settings, got int"),
+    (dict(seed=3, population={'seed': 1}),
+     r"seed is given twice: seed=3 and population=\{'seed': 1\}"),
 ])
-def test_an_override_without_a_part_to_take_it_is_refused(kwargs, message):
-    parts = {'P': Population(MinAtarLike, 1), 'M': ReplayMemory(100, (10, 10, 4), 1, 'bool'),
-             'S': Sampling(8, 1)}
-    kwargs = {k: parts.get(v, v) if isinstance(v, str) else v for k, v in kwargs.items()}
-    if message is None:       # population= with get_player: the population has its own
-        with pytest.raises(TypeError, match='population passed in has its get_player'):
-            ReplayStream.minatar_dqn(MinAtarLike, population=kwargs['population'])
-        return
+def test_a_setting_no_part_takes_is_refused_naming_it(kwargs, message):
     with pytest.raises(TypeError, match=message):
-        ReplayStream.minatar_dqn(MinAtarLike, **kwargs)
+        ReplayStream.minatar_dqn(MinAtarLike, zeros(6), **kwargs)
+
+
+def test_a_population_passed_in_brings_its_own_get_player():
+    with pytest.raises(TypeError, match='population passed in has its get_player'):
+        ReplayStream.minatar_dqn(MinAtarLike, population=Population(MinAtarLike, 1))
+    with pytest.raises(TypeError, match="the MinAtar paper's DQN needs get_player"):
+        ReplayStream.minatar_dqn()
 
 
 def test_the_parts_check_the_values(closing):
     with pytest.raises(ValueError, match='batch_size'):
-        ReplayStream.minatar_dqn(MinAtarLike, state_shape=(10, 10, 4), batch_size=0)
+        ReplayStream.minatar_dqn(MinAtarLike, memory={'state_shape': (10, 10, 4)},
+                                 sampling={'batch_size': 0})
     with pytest.raises(ValueError, match='dtype'):   # a uint8 frame in the paper's bool memory
         ReplayStream.minatar_dqn(lambda: ScriptedEnv(obs_shape=(10, 10, 4)),
-                                 state_shape=(10, 10, 4), dtype='bool')
+                                 memory={'state_shape': (10, 10, 4), 'dtype': 'bool'})
 
 
 @pytest.mark.parametrize('preset, make_env, num_actions, shape', [
@@ -197,9 +233,9 @@ def test_the_parts_check_the_values(closing):
     ('atari_dqn', lambda: ScriptedEnv(obs_shape=(84, 84)), 3, (84, 84, 4)),
 ])
 def test_a_preset_stream_runs(closing, preset, make_env, num_actions, shape):
-    stream = getattr(ReplayStream, preset)(make_env, zeros(num_actions), max_size=1_000,
-                                           init_memory_size=60, batch_size=8, seed=0,
-                                           progress=False)
+    stream = getattr(ReplayStream, preset)(make_env, zeros(num_actions),
+                                           memory={'max_size': 1_000}, init_memory_size=60,
+                                           sampling={'batch_size': 8}, seed=0, progress=False)
     closing(stream)
     for k, batch in enumerate(stream):
         assert batch.state.shape == (8,) + shape
@@ -210,8 +246,8 @@ def test_a_preset_stream_runs(closing, preset, make_env, num_actions, shape):
 
 
 def test_a_resumed_memory_goes_on_with_its_epsilon(tmp_path, closing):
-    kwargs = dict(state_shape=(10, 10, 4), max_size=1_000, init_memory_size=100, progress=False,
-                  checkpoint_dir=tmp_path)
+    kwargs = dict(memory={'state_shape': (10, 10, 4), 'max_size': 1_000}, init_memory_size=100,
+                  progress=False, checkpoint_dir=tmp_path)
     stream = ReplayStream.minatar_dqn(MinAtarLike, zeros(6), **kwargs)
     for k, _ in enumerate(stream):
         if k == 400:
