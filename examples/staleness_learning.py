@@ -1,16 +1,20 @@
 #!/usr/bin/env python
 """What lag costs learning: DQN's score at 1M frames against the data's two measured lags.
 
-    # one run per game, seed and setting (--env-ms: see below), its log kept:
+    # one run per game, seed and setting, its log kept. The window: 4 players, one update
+    # per call, a control without a fixed lag and an arm with one (the lag exact on any load):
     python examples/dqn_minatar_jax.py --game breakout --seed 0 --frames 1000000 --players 4 \\
-        --staleness 16384 --env-ms 1.0 --returns runs/breakout_k16384_seed0/returns.csv \\
-        > runs/breakout_k16384_seed0/log.txt
+        --updates-per-call 1 --returns runs/breakout_p4_seed0/returns.csv > runs/breakout_p4_seed0/log.txt
+    python examples/dqn_minatar_jax.py --game breakout --seed 0 --frames 1000000 --players 4 \\
+        --updates-per-call 1 --request-lag 65536 --returns runs/breakout_p4_r65536_seed0/returns.csv \\
+        > runs/breakout_p4_r65536_seed0/log.txt
+    # the hand-over: the paper's one player, the weights handed over every N updates:
     python examples/dqn_minatar_jax.py --game breakout --seed 0 --frames 1000000 \\
         --weights-every 10000 --returns runs/breakout_w10000_seed0/returns.csv \\
         > runs/breakout_w10000_seed0/log.txt
-    # add each finished run to the study's table (its returns file is copied beside it, gzipped):
-    python examples/staleness_learning.py add runs/breakout_k16384_seed0 --game breakout --seed 0 \\
-        --staleness 16384 --env-ms 1.0 --data docs/data/staleness
+    # add each finished run to the study's table (its returns file is copied beside it, gzipped;
+    # players, updates per call and a fixed lag are read from its log):
+    python examples/staleness_learning.py add runs/breakout_p4_r65536_seed0 --game breakout --seed 0
     python examples/staleness_learning.py add runs/breakout_w10000_seed0 --game breakout --seed 0 \\
         --weights-every 10000 --data docs/data/staleness
     # the table and the plot, from the committed files only:
@@ -26,7 +30,10 @@ Two lags, both as ``dqn_minatar_jax.py`` reports them on its last line:
   action is computed with and the learner's newest, which grows when the weights are handed to
   the players less often than after each update.
 
-The window only makes request lag when the players are slower than the learner (otherwise
+A fixed lag's arm is paired with the control of its game, players, updates per call and seed
+(``paired_window_arms``), each hand-over arm with the one-player runs of its seeds. The first
+window runs (``--staleness`` with ``--env-ms``, below) have no control: they are data, not a
+cost. The window only makes request lag when the players are slower than the learner (otherwise
 every request starts at once, whatever the window): a GPU learner's situation, not this CPU's,
 where the JAX update is slower than MinAtar's env. ``--env-ms`` gives each player's env step a
 sleep (the GIL released, no CPU used) standing for a slower emulator, so that the window fills;
@@ -140,6 +147,36 @@ def paired_arms(rows, control):
     return out
 
 
+def is_window_control(r):
+    """A run of several players with the stream's own window and no fixed lag: the control
+    of the fixed-lag arms run with the same players and updates per call."""
+    return (not r['staleness'] and not r.get('request_lag') and int(r['players'] or 1) > 1
+            and int(r.get('weights_every') or 1) == 1)
+
+
+def paired_window_arms(rows):
+    """Each fixed request lag against the control runs of the same game, players, updates per
+    call and seed: ``(game, request_lag, seeds, control scores, arm scores, score diffs, area
+    diffs)``."""
+    control = {(r['game'], r['players'], r['updates_per_call'], int(r['seed'])): r
+               for r in rows if is_window_control(r)}
+    arms = {}
+    for r in rows:
+        if not r.get('request_lag') or r['staleness']:
+            continue
+        base = control.get((r['game'], r['players'], r['updates_per_call'], int(r['seed'])))
+        if base is not None:
+            arms.setdefault((r['game'], int(r['request_lag'])), []).append((r, base))
+    out = []
+    for (game, lag), pairs in sorted(arms.items()):
+        pairs.sort(key=lambda pair: int(pair[0]['seed']))
+        out.append((game, lag, [int(r['seed']) for r, _ in pairs],
+                    [b['score'] for _, b in pairs], [r['score'] for r, _ in pairs],
+                    [r['score'] - b['score'] for r, b in pairs],
+                    [r['area'] - b['area'] for r, b in pairs]))
+    return out
+
+
 def add(args):
     """Read one finished run's log, copy its returns (gzipped) and append its row."""
     with open(os.path.join(args.run, 'log.txt')) as f:
@@ -157,7 +194,10 @@ def add(args):
     fixed = REQUEST_LAG.findall(log)
     os.makedirs(args.data, exist_ok=True)
     label = f"_{args.label}" if args.label else ''
-    setting = (f"_k{args.staleness}" if args.staleness else '') + (
+    num_players = int(players[-1]) if players else 1
+    setting = (f"_k{args.staleness}" if args.staleness else
+               f"_p{num_players}" if num_players > 1 else '') + (
+        f"_r{fixed[0]}" if fixed else '') + (
         f"_w{args.weights_every}" if args.weights_every > 1 else '')
     name = f"{args.game}{setting}_seed{args.seed}{label}.csv.gz"
     with open(os.path.join(args.run, 'returns.csv'), 'rb') as src, \
@@ -210,18 +250,28 @@ def control_runs(rows, baseline_dir=BASELINE):
 
 
 def learning_cost(lag, data=DATA, baseline_dir=BASELINE):
-    """Lines saying what the study measured nearest to a mean request lag of ``lag`` updates
-    (the window's runs), game by game (``examples/tune_staleness.py`` prints them beside its
-    throughput). The window's runs have no control of their own yet (one seed each, against
-    no-lag runs that differ in more than the lag): the lines say so, and read as data, not
-    as a cost."""
+    """Lines saying what the study measured nearest to a request lag of ``lag`` updates, game
+    by game (``examples/tune_staleness.py`` prints them beside its throughput): the fixed-lag
+    arm nearest to it against its paired controls, with its CI from 5 seeds (fewer: the seeds'
+    own differences); a game without such an arm gets its nearest confounded window run, said
+    to be data and not a cost."""
     if not os.path.exists(os.path.join(data, 'runs.csv')):
         return []
     rows, baseline = study(data, baseline_dir)
-    rows = [r for r in rows if r['staleness']]
+    paired = {}
+    for game, arm_lag, seeds, base, arm, diff, _ in paired_window_arms(rows):
+        paired.setdefault(game, []).append((arm_lag, seeds, base, arm, diff))
+    window_runs = [r for r in rows if r['staleness']]
     lines = []
-    for game in sorted({r['game'] for r in rows}):
-        near = min((r for r in rows if r['game'] == game),
+    for game in sorted({r['game'] for r in rows if r['staleness'] or r.get('request_lag')}):
+        if game in paired:
+            arm_lag, seeds, base, arm, diff = min(
+                paired[game], key=lambda a: abs(np.log1p(a[0]) - np.log1p(lag)))
+            lines.append(f"  {game}: a fixed request lag of {arm_lag} updates changed DQN's score "
+                         f"over 800k-1M frames by {_interval(diff)} ({len(seeds)} paired seeds, "
+                         f"{np.mean(base):.2f} -> {np.mean(arm):.2f})")
+            continue
+        near = min((r for r in window_runs if r['game'] == game),
                    key=lambda r: abs(np.log1p(float(r['mean_lag'])) - np.log1p(lag)))
         base = baseline.get(game)
         lines.append(f"  {game}: at a request lag of {float(near['mean_lag']):.0f} updates (seed "
@@ -249,7 +299,8 @@ def report(args):
         print(f"| {game} | {len(scores)} seeds | one player, inline | 1 | 1 | 0 | 1 | "
               f"{np.mean(scores):.2f} ({min(scores):.2f}-{max(scores):.2f}) | |")
     for r in rows:
-        window = r['staleness'] or 'one player, inline'
+        window = r['staleness'] or (f"{r['players']} players, the stream's"
+                                    if int(r['players'] or 1) > 1 else 'one player, inline')
         weights_age = f"{age(r):.1f} ({r['max_age']})" if r.get('mean_age') else 'not measured'
         window += f" (fixed lag {r['request_lag']})" if r.get('request_lag') else ''
         print(f"| {r['game']} | {r['seed']} | {window} | {r.get('weights_every') or 1} | "
@@ -266,6 +317,18 @@ def report(args):
         print(f"| {game} | {every} | {', '.join(map(str, seeds))} | {np.mean(base):.2f} -> "
               f"{np.mean(arm):.2f} | {_interval(diff)} | {_interval(area)} | "
               f"{'-' if mde is None else f'{mde:.2f}'} |")
+    window_arms = paired_window_arms(rows)
+    if window_arms:
+        print()
+        print("| game | fixed request lag | paired seeds | score, 800k-1M: control -> arm | "
+              "difference [95% CI] | area under the curve, 0-1M: difference [95% CI] | "
+              "smallest difference detectable (80% power) |")
+        print("|---|---|---|---|---|---|---|")
+        for game, lag, seeds, base, arm, diff, area in window_arms:
+            mde = detectable(diff) if len(seeds) >= MIN_SEEDS_FOR_SPREAD else None
+            print(f"| {game} | {lag} | {', '.join(map(str, seeds))} | {np.mean(base):.2f} -> "
+                  f"{np.mean(arm):.2f} | {_interval(diff)} | {_interval(area)} | "
+                  f"{'-' if mde is None else f'{mde:.2f}'} |")
     if args.png:
         plot(rows, baseline, args.png)
 
@@ -285,9 +348,10 @@ def plot(rows, baseline, png):
             ax.axhspan(lo, hi, color='0.85', label=f"no lag ({len(baseline[game])} seeds)")
         for seed in sorted({r['seed'] for r in own}):
             window = [(float(r['mean_lag']), r['score']) for r in own
-                      if r['seed'] == seed and r['staleness']]
+                      if r['seed'] == seed and (r['staleness'] or r.get('request_lag')
+                                                or is_window_control(r))]
             handover = [(age(r), r['score']) for r in own
-                        if r['seed'] == seed and not r['staleness']]
+                        if r['seed'] == seed and int(r.get('weights_every') or 1) > 1]
             if window:
                 ax.plot(*zip(*window), 'o', label=f"request lag, seed {seed}")
             if handover:

@@ -167,3 +167,46 @@ def test_a_run_s_updates_per_call_and_fixed_request_lag_are_read_from_its_log(tm
                              '100', '--updates-per-call', '1', '--data', data])
     rows = staleness_learning.read_table(os.path.join(data, 'runs.csv'))
     assert [(r['updates_per_call'], r['request_lag']) for r in rows] == [('1', '4096'), ('1', '')]
+
+
+def fixed_lag_run(directory, score, seed, request_lag=None, per_call=1):
+    """A 4-player run of the window's controlled design: ``request_lag`` None is its control."""
+    lag = '' if request_lag is None else f', request lag {request_lag} updates, fixed'
+    run = finished_run(directory, [(f, score) for f in range(50_000, 1_000_001, 50_000)],
+                       float(request_lag or 0), request_lag or 0)
+    log = os.path.join(run, 'log.txt')
+    text = open(log).read().replace('(staleness 64)', f'(staleness 64{lag}), {per_call} update'
+                                    f'{"s" if per_call > 1 else ""} per call')
+    open(log, 'w').write(text.replace('seed 0', f'seed {seed}'))
+    return run
+
+
+def test_a_fixed_lag_arm_is_paired_with_the_control_of_its_players_and_seed(tmp_path, capsys):
+    data = str(tmp_path / 'data')
+    add = ['--game', 'breakout', '--data', data]
+    for seed, (control, lagged) in enumerate([(8.0, 7.0), (7.0, 6.5), (6.0, 6.0)]):
+        staleness_learning.main(['add', fixed_lag_run(tmp_path / f'c{seed}', control, seed),
+                                 '--seed', str(seed)] + add)
+        staleness_learning.main(['add', fixed_lag_run(tmp_path / f'r{seed}', lagged, seed, 65536),
+                                 '--seed', str(seed)] + add)
+    # Not paired: a lag without a control of the same seed, or of the same updates per call.
+    staleness_learning.main(['add', fixed_lag_run(tmp_path / 'r9', 1.0, 9, 65536),
+                             '--seed', '9'] + add)
+    staleness_learning.main(['add', fixed_lag_run(tmp_path / 'r4', 1.0, 0, 4096, per_call=4),
+                             '--seed', '0'] + add)
+    names = sorted(os.listdir(data))
+    assert 'breakout_p4_seed0.csv.gz' in names and 'breakout_p4_r65536_seed0.csv.gz' in names
+    rows, _ = staleness_learning.study(data, str(tmp_path / 'no_baseline'))
+    arms = staleness_learning.paired_window_arms(rows)
+    assert [(game, lag, seeds) for game, lag, seeds, *_ in arms] == [('breakout', 65536, [0, 1, 2])]
+    *_, diff, area = arms[0]
+    assert diff == pytest.approx([-1.0, -0.5, 0.0]) and area == pytest.approx(diff)
+    lines = staleness_learning.learning_cost(50_000, data, str(tmp_path / 'no_baseline'))
+    assert lines == ["  breakout: a fixed request lag of 65536 updates changed DQN's score over "
+                     "800k-1M frames by -0.50 (seeds: -1.00, -0.50, +0.00) (3 paired seeds, "
+                     "7.00 -> 6.50)"]
+    capsys.readouterr()
+    staleness_learning.main(['report', '--data', data, '--baseline', str(tmp_path / 'none')])
+    out = capsys.readouterr().out
+    assert '| breakout | 65536 | 0, 1, 2 | 7.00 -> 6.50 | -0.50 (seeds: ' in out
+    assert "| breakout | 0 | 4 players, the stream's |" in out
