@@ -76,34 +76,23 @@ def _resolve(module, is_package, level, target):
     return '.'.join(base + ([target] if target else []))
 
 
-def _is_type_checking(test):
-    """``if TYPE_CHECKING:`` or ``if typing.TYPE_CHECKING:``."""
-    return (isinstance(test, ast.Name) and test.id == 'TYPE_CHECKING') or \
-        (isinstance(test, ast.Attribute) and test.attr == 'TYPE_CHECKING')
-
-
 def _imports(name, path, is_package):
-    """The package modules ``name`` imports when it is imported (module level only: an import
-    inside a function runs later and is how a module stays light), and those it imports for
-    type checking (``if TYPE_CHECKING:``): a circle there is a circle in the design too."""
+    """The package modules ``name`` imports, wherever the import statement stands: at module
+    level, under ``if TYPE_CHECKING:`` (a circle there is a circle in the design too), or
+    inside a function (it runs later, which keeps a module light to import, but the
+    dependency is the same: a circle hidden in a function is still a circle)."""
     out = set()
-    for node in _tree(path).body:
-        stmts = [node]
-        if isinstance(node, ast.Try):
-            stmts = node.body + [s for h in node.handlers for s in h.body]
-        elif isinstance(node, ast.If) and _is_type_checking(node.test):
-            stmts = node.body
-        for stmt in stmts:
-            if isinstance(stmt, ast.ImportFrom):
-                if stmt.level:
-                    base = _resolve(name, is_package, stmt.level, stmt.module)
-                else:
-                    base = stmt.module or ''
-                for alias in stmt.names:
-                    sub = f'{base}.{alias.name}'
-                    out.add(sub if sub in MODULES else base)
-            elif isinstance(stmt, ast.Import):
-                out.update(alias.name for alias in stmt.names)
+    for stmt in ast.walk(_tree(path)):
+        if isinstance(stmt, ast.ImportFrom):
+            if stmt.level:
+                base = _resolve(name, is_package, stmt.level, stmt.module)
+            else:
+                base = stmt.module or ''
+            for alias in stmt.names:
+                sub = f'{base}.{alias.name}'
+                out.add(sub if sub in MODULES else base)
+        elif isinstance(stmt, ast.Import):
+            out.update(alias.name for alias in stmt.names)
     # ``from . import _gather_ext`` (a compiled sub-module) names the module's own package: that
     # is not an import of the package's ``__init__``, which is already running.
     return {m for m in out if m in MODULES and m != name and m not in _parents(name)}
@@ -139,6 +128,18 @@ def test_no_import_circle_between_modules():
     assert _cycles() == []
 
 
+def test_an_import_inside_a_function_or_for_type_checking_counts(tmp_path):
+    source = tmp_path / 'sampling.py'
+    source.write_text("from typing import TYPE_CHECKING\n"
+                      "if TYPE_CHECKING:\n"
+                      "    from ..storage.memory import ReplayMemory\n"
+                      "def build():\n"
+                      "    from ..acting import population\n"
+                      "    return population\n")
+    assert _imports('expreplay.stream.sampling', str(source), False) == {
+        'expreplay.storage.memory', 'expreplay.acting.population'}
+
+
 # The tables (and counters) each object owns: only its own module assigns them or calls a mutating method on
 # them through another name (``ring.flags[...] = ...``, ``prio.max_priority = ...``,
 # ``ring.retired.append(...)``). Its own ``self.<table>`` is its business; any other object's
@@ -149,9 +150,9 @@ OWNED_TABLES = {
         'block_next', 'block_prev_intact', 'block_state', 'block_gen', 'free', 'retired',
         'abandoned', 'counts'},
     'expreplay.storage.priority': {'max_priority', 'stale_updates', '_pending'},
-    # A runner's state is its own; what the acting group owns (reset flags, step counts) the
-    # runner reads from the group.
-    'expreplay.acting.runner': {'needs_reset', 'steps', 'restarts', 'total_scores',
+    # A runner's state is its own (its counters: the group tells it, the runner counts); the
+    # acting group owns the lane map and the stepping state, which no runner holds.
+    'expreplay.acting.runner': {'steps', 'restarts', 'total_scores',
                                 'episodes_started', 'adapter', 'player', 'num_envs',
                                 'num_actions'},
     'expreplay.acting.group': {'inserted'},

@@ -59,23 +59,30 @@ class ActingGroup:
     Lane ``runner_lanes[r][i]`` is sub-env ``i`` of ``runners[r]``; each lane writes its own
     memory lane, and has its frame history, score, length and lives in arrays over all lanes.
     The runners must share the memory, the history length, the predictor and the number of
-    actions; an asynchronous runner is a group of its own. The group's owner seats each runner
-    in it (:meth:`EnvRunner.seat <expreplay.acting.runner.EnvRunner.seat>`: a runner is in one
-    group at a time, and one that had stepped elsewhere resets its env and starts new
-    episodes); building the group changes no runner.
+    actions; an asynchronous runner is a group of its own. Building the group changes no
+    runner; its first step of each runner resets the env. A runner is stepped by one group at a
+    time: whoever builds groups (an :class:`~expreplay.acting.manager.EnvRunnerManager`, or a
+    caller stepping runners directly, ``ActingGroup([runner]).step(exploration)``) closes a
+    group before its runners go to another (whose first step starts new episodes; the steps
+    the runner counts go on).
 
     :meth:`begin` / :meth:`finish` step a subset of the runners (``members``, indices into
     :attr:`runners`), so that a manager with fewer requests than runners steps only some.
     Failures of single runners are returned by :meth:`finish` (their runners need a reset;
     the other members' steps are stored); the predictor's are raised. Use from one thread.
 
-    The group owns the stepping state of the envs it steps, by runner position (the index into
-    :attr:`runners`), which the runners read from their seat: reset flags (:meth:`needs_reset`,
-    :meth:`request_reset`), steps stored (:meth:`steps_of`, :attr:`inserted`).
+    The group owns the lane map (which lanes are whose sub-envs) and the stepping state of the
+    envs it steps, by runner position (the index into :attr:`runners`): reset flags
+    (:meth:`needs_reset`, :meth:`request_reset`) and the steps stored by all of them
+    (:attr:`inserted`); it tells each runner the steps, games and starts of its envs.
     """
 
     def __init__(self, runners: Iterable[EnvRunner]) -> None:
         runners = list(runners)
+        if not runners:
+            raise ValueError("an ActingGroup needs a runner")
+        if len({id(r) for r in runners}) != len(runners):
+            raise ValueError("an ActingGroup's runners must be distinct")
         first = runners[0]
         for r in runners[1:]:
             if r.memory is not first.memory or r.history_len != first.history_len \
@@ -96,8 +103,8 @@ class ActingGroup:
         self.num_lanes = int(starts[-1])
         self.runner_lanes = [np.arange(starts[k], starts[k + 1]) for k in range(len(runners))]
         self._all_members = np.arange(len(runners))
-        # Per runner position: its next step starts by resetting its env; steps it stored here.
-        self._needs_reset, self._steps = [True] * len(runners), [0] * len(runners)
+        # Per runner position: its next step starts by resetting its env.
+        self._needs_reset = [True] * len(runners)
         self.inserted = 0                  # steps stored by all runners (read: InsertedSteps)
         self._format = FrameFormat(self.memory.state_shape, self.memory.dtype)
         # The policy, the lanes' frame history and batch writer take their C kernels as they
@@ -118,19 +125,8 @@ class ActingGroup:
         self._singles = SingleEnvSteps(len(runners), self._format) if self.singles else None
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._closed = False
-        self._released: set[int] = set()   # runners that moved to another group
         self.calls = 0                     # predictor calls made by step() (inline)
         self.rows = 0
-
-    @classmethod
-    def seated(cls, runners: Iterable[EnvRunner]) -> ActingGroup:
-        """A group of ``runners`` with each runner seated in it (:meth:`EnvRunner.seat
-        <expreplay.acting.runner.EnvRunner.seat>`): how the group's owner (a manager, or a
-        runner stepped on its own) builds one."""
-        group = cls(runners)
-        for position, runner in enumerate(group.runners):
-            runner.seat(group, position)
-        return group
 
     @property
     def current_call(self) -> tuple[str, Any] | None:
@@ -151,10 +147,6 @@ class ActingGroup:
         """The next step of ``runners[position]`` resets its env (after a restart: a new
         player)."""
         self._needs_reset[position] = True
-
-    def steps_of(self, position: int) -> int:
-        """The steps ``runners[position]`` took and stored in this group."""
-        return self._steps[position]
 
     def restart_point(self, lane: int, include_rng: bool = False) -> RestartPoint:
         """A :class:`~expreplay.acting.starts.RestartPoint` of ``lane`` now (between steps)."""
@@ -260,7 +252,8 @@ class ActingGroup:
         return failures
 
     def finish_or_raise(self, q_values: Any) -> None:
-        """:meth:`finish`, raising the first runner failure (for a runner stepped on its own)."""
+        """:meth:`finish`, raising the first runner failure (for a caller stepping the group
+        itself, as :meth:`step` does)."""
         failures = self.finish(q_values)
         if failures:
             raise failures[0][1]
@@ -341,8 +334,9 @@ class ActingGroup:
         steps = self._singles
         adapters = [self.runners[k].adapter for k in members.tolist()]
         if steps.step(adapters, actions) and self._lanes.store_fast(members, actions, *steps.rows):
+            runners = self.runners
             for k in members.tolist():
-                self._steps[k] += 1
+                runners[k].count_steps(1)
             self.inserted += len(members)
             if self._observers:
                 self._stored(members, actions)
@@ -356,7 +350,7 @@ class ActingGroup:
         rows = np.flatnonzero(ok)
         stepped = members[rows]
         for k in stepped.tolist():
-            self._steps[k] += 1
+            self.runners[k].count_steps(1)
         self.inserted += len(stepped)
         if not len(stepped):
             return False
@@ -422,7 +416,7 @@ class ActingGroup:
         if np.count_nonzero(stepping) < len(stepping):
             lanes, frames, actions, lives = lanes[stepping], frames[stepping], actions[stepping], lives[stepping]
             reward, term, trunc = reward[stepping], term[stepping], trunc[stepping]
-        self._steps[k] += len(lanes)
+        self.runners[k].count_steps(len(lanes))
         self.inserted += len(lanes)
         # The common step first, the general path when it declines (a frame fewer per step
         # than going through store(), which the history's push_steps spends).
@@ -439,15 +433,7 @@ class ActingGroup:
         self._lanes.close(self.runner_lanes[k])
         failures.append((self.runners[k], err))
 
-    # ------------------------------------------------------------------ membership, close
-    def release(self, position: int) -> None:
-        """``runners[position]`` moves to another group: its lanes here end where they are; a
-        group left with no runner of its own detaches from the memory."""
-        self._lanes.close(self.runner_lanes[position])
-        self._released.add(position)
-        if len(self._released) == len(self.runners):
-            self.close()
-
+    # ------------------------------------------------------------------ close
     def close(self) -> None:
         """Detach from the memory (every lane's block is retired; the data stays). Idempotent."""
         if not self._closed:

@@ -39,7 +39,7 @@ DEFAULT_CLOSE_TIMEOUT = 5.0
 
 
 def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
-    """The acting groups of each simulator thread, their runners seated in them:
+    """The acting groups of each simulator thread (the manager's own, each runner in one):
     ``simulator_threads`` as :class:`EnvRunnerManager` documents it."""
     n = len(runners)
     if simulator_threads is None:
@@ -55,17 +55,17 @@ def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> 
         # share a predictor call form two halves, pipelined.
         for r in rs:
             if r.is_vector:
-                groups.append(ActingGroup.seated([r]))
+                groups.append(ActingGroup([r]))
         singles = [r for r in rs if not r.is_vector]
         by_key: dict[tuple[int, int, int], list[EnvRunner]] = collections.defaultdict(list)
         for r in singles:
             by_key[(id(r.predictor), id(r.memory), r.num_actions)].append(r)
         for members in by_key.values():
             if len(members) == 1 or simulator_threads == n:
-                groups.extend(ActingGroup.seated([r]) for r in members)
+                groups.extend(ActingGroup([r]) for r in members)
             else:
                 half = (len(members) + 1) // 2
-                groups += [ActingGroup.seated(members[:half]), ActingGroup.seated(members[half:])]
+                groups += [ActingGroup(members[:half]), ActingGroup(members[half:])]
         plan.append(groups)
     assert sum(len(g.runners) for gs in plan for g in gs) == n
     return plan
@@ -197,7 +197,7 @@ class EnvRunnerManager:
         self._inline: ActingGroup | None = None
         if n == 1:
             runner = self._runners[0]
-            self._inline = runner.group if runner.group is not None else ActingGroup.seated([runner])
+            self._inline = ActingGroup([runner])
             self._inline_steps = InsertedSteps(self._inline)
             self._groups = [self._inline]
             self.pipelined = False
@@ -272,6 +272,12 @@ class EnvRunnerManager:
         """The simulator threads (none when a single runner steps in the caller's thread); the
         ones :meth:`close` left running are named in ``stuck_threads``."""
         return tuple(self._threads)
+
+    @property
+    def groups(self) -> tuple[ActingGroup, ...]:
+        """The acting groups this manager built and steps (each runner is in one): read them,
+        the manager steps and closes them."""
+        return tuple(self._groups)
 
     @property
     def inference_threads(self) -> tuple[InferenceThread, ...]:

@@ -1,14 +1,13 @@
 """EnvRunner: one environment stepped epsilon-greedily, every step written to a replay memory.
 
 :class:`EnvRunner` is what a user builds and hands to a manager: one environment (a single env,
-or a vector env's sub-envs), its configuration and its counters (games, starts, restarts).
-Like the actors of Acme or CleanRL, it knows nothing about how transitions are stored or
-batched. It is stepped by an :class:`~expreplay.acting.group.ActingGroup` (a group of its own
-for :meth:`EnvRunner.step`, or a manager's with other runners), which owns the stepping state
-(whether the env needs a reset, the steps stored): the group's owner seats the runner in it
-(:meth:`EnvRunner.seat`), and the runner reads that state from its seat. The group module
-imports this one; this one imports the group only inside :meth:`EnvRunner.step`, to build the
-group of one that steps a runner on its own.
+or a vector env's sub-envs, behind its adapter), its configuration, its exploration RNG and its
+counters (steps, games, starts, restarts). Like the actors of Acme or CleanRL, it knows nothing
+about how transitions are stored or batched, nor which group steps it: an
+:class:`~expreplay.acting.group.ActingGroup` (built by an
+:class:`~expreplay.acting.manager.EnvRunnerManager`, or by whoever steps runners directly) owns
+the lanes of the runners it steps and their stepping state, and tells each runner what happened
+to its envs. This module imports no other part of the acting layer but the env adapters.
 """
 
 from __future__ import annotations
@@ -53,8 +52,8 @@ class EnvRunner:
             tensorpack's ``[Q-values, ...]``: states ``(n, *state_shape, history_len)`` in the
             memory's dtype, channels-last, oldest frame first, zeros before the episode's first
             frame. Q-values of another shape, not numbers, or not finite raise
-            :class:`PredictorError`. :meth:`step` calls it from the calling thread; a manager
-            from one thread at a time. None is allowed when exploration is always 1.
+            :class:`PredictorError`. A group stepped directly calls it from the calling thread;
+            a manager from one thread at a time. None is allowed when exploration is always 1.
         memory: a :class:`expreplay.ReplayMemory`.
         history_len (int): frames per state; must equal the memory's.
         seed (int, optional): base seed. The first reset is seeded with ``seed + index``
@@ -83,16 +82,17 @@ class EnvRunner:
     Attributes:
         total_scores (list): score of every game finished (all lives), oldest first; emptied by
             :meth:`EnvRunnerManager.reset_stats` (at most the newest ``MAX_KEPT_GAMES`` kept).
-        steps (int, read-only): environment steps taken and stored (all sub-environments),
-            counted by the acting groups that stepped this runner.
-        group (read-only): the :class:`~expreplay.acting.group.ActingGroup` that steps this
-            runner (None before its first step or manager).
+        steps (int): environment steps taken and stored (all sub-environments, every group
+            that stepped this runner).
         restarts (int): how many times :meth:`restart` replaced or reset the env.
 
-    A failed step (the env raised, or returned an observation the memory can not store) ends
-    the runner's episodes where they are in the memory (every step stored before stays
-    sampleable, nothing is stitched across the gap) and raises :class:`EnvError`; the next
-    step resets the env. Use from one thread at a time.
+    A runner is stepped by an :class:`~expreplay.acting.group.ActingGroup`, one group at a time
+    (an :class:`~expreplay.acting.manager.EnvRunnerManager` builds them; to step runners
+    without one, ``ActingGroup([runner, ...]).step(exploration)``). A failed step (the env
+    raised, or returned an observation the memory can not store) ends the runner's episodes
+    where they are in the memory (every step stored before stays sampleable, nothing is
+    stitched across the gap) and raises :class:`EnvError`; the group's next step resets the
+    env.
     """
 
     def __init__(self, player: Any, predictor: Callable[[np.ndarray], Any] | None, memory: Any,
@@ -135,7 +135,7 @@ class EnvRunner:
         self._rng = np.random.default_rng(None if self._seed is None else [abs(self._seed), self.index])
 
         self.total_scores: list[float] = []
-        self._steps_before = 0        # stored in the groups that stepped this runner before
+        self.steps = 0                # counted by count_steps(), as the groups store them
         self.restarts = 0
         self._games: list[tuple[float, int]] = []    # (score, length) since the last pop_games()
         self._stats_lock = threading.Lock()
@@ -143,10 +143,6 @@ class EnvRunner:
         self._closed = False
         self.num_envs = 0             # set with the player, by _attach
         self._attach(player, first=True)
-        # The seat: the ActingGroup that steps this runner and the runner's position in it
-        # (its owner seats the runner, see seat()); the group owns the stepping state there.
-        self._group: Any = None
-        self._position = 0
 
     def _attach(self, player: Any, first: bool = False) -> None:
         adapter = adapt_env(player)
@@ -174,24 +170,6 @@ class EnvRunner:
         return f"EnvRunner(index={self.index}, player={type(self.player).__name__}, num_envs={self.num_envs})"
 
     @property
-    def group(self) -> Any:
-        """The :class:`~expreplay.acting.group.ActingGroup` that steps this runner (None before
-        its first step or manager)."""
-        return self._group
-
-    @property
-    def steps(self) -> int:
-        """Environment steps taken and stored (all sub-environments, every group)."""
-        group = self._group
-        return self._steps_before + (group.steps_of(self._position) if group is not None else 0)
-
-    @property
-    def needs_reset(self) -> bool:
-        """Whether the next step starts by resetting the env (its group says; True before the
-        first step)."""
-        return self._group is None or self._group.needs_reset(self._position)
-
-    @property
     def rng(self) -> np.random.Generator:
         """The exploration draws: this runner's own stream, whatever group steps it."""
         return self._rng
@@ -217,43 +195,23 @@ class EnvRunner:
         return self._seed + self.index * self.num_envs
 
     # ------------------------------------------------------------------ acting
-    def seat(self, group: Any, position: int) -> None:
-        """From now on ``group`` (an :class:`~expreplay.acting.group.ActingGroup` whose
-        ``runners[position]`` is this runner) steps this runner: called by the group's owner
-        once it built the group. The runner's episodes in the group that stepped it before end
-        where they are, and its next step resets the env."""
-        if group.runners[position] is not self:
-            raise ValueError(f"{self!r} is not runners[{position}] of {group!r}")
-        old, old_position = self._group, self._position
-        if old is not None and old is not group:
-            self._steps_before += old.steps_of(old_position)
-            old.release(old_position)
-        self._group, self._position = group, position
-
     def step(self, exploration: float) -> None:
-        """Take one epsilon-greedy step in every sub-environment and store it.
+        """Not how a runner is stepped (tensorpack's name, kept to say so): raises TypeError.
 
-        With probability ``exploration`` a sub-env takes a uniformly random action, else the
-        argmax of the predictor's Q-values. Raises :class:`EnvError` / :class:`PredictorError`
-        (chained to the original) when the env / predictor fails.
-
-        A runner stepped on its own is a group of one, built at its first step; a runner a
-        manager steps with other runners refuses (step the manager).
+        A runner is stepped by an :class:`~expreplay.acting.group.ActingGroup`, which owns the
+        lanes and the stepping state of the runners it steps:
+        ``ActingGroup([runner]).step(exploration)`` (one group, kept and stepped again), or
+        ``EnvRunnerManager([runner], maximum_staleness).step(exploration)`` (inline, no threads).
         """
-        if self._closed:
-            raise RuntimeError(f"{self!r} is closed")
-        group = self._group
-        if group is None:
-            # The group module is above this one (it steps runners): imported when a runner is
-            # first stepped on its own, not when this module is.
-            from .group import ActingGroup
-            group = ActingGroup.seated([self])
-        elif len(group.runners) > 1:
-            raise RuntimeError(f"{self!r} is stepped by an EnvRunnerManager with other runners; "
-                               "step the manager")
-        group.step(exploration)
+        raise TypeError(f"{self!r}: EnvRunner.step is gone; a runner is stepped by an acting "
+                        "group: group = expreplay.acting.ActingGroup([runner]) once, then "
+                        "group.step(exploration), or an EnvRunnerManager([runner], ...)")
 
     # ------------------------------------------------------------------ counters
+    def count_steps(self, n: int) -> None:
+        """``n`` more steps of this runner's envs are stored (the acting group tells)."""
+        self.steps += n
+
     def record_game(self, score: float, length: int) -> None:
         """A game ended with ``score`` after ``length`` steps (the acting group tells). Thread-safe."""
         with self._stats_lock:
@@ -284,8 +242,9 @@ class EnvRunner:
     def restart(self) -> None:
         """Recover from an :class:`EnvError`: replace the player (``player_factory``) or reset it.
 
-        The open episodes stay in the memory as they are (every step taken is kept); the next
-        step starts new ones.
+        The open episodes stay in the memory as they are (every step taken is kept): the group
+        whose step raised the :class:`EnvError` ended them there, and its next step of this
+        runner resets the env (the new player).
         """
         if self._player_factory is not None:
             try:
@@ -293,19 +252,14 @@ class EnvRunner:
             except Exception as err:  # the broken env may fail to close too; keep going
                 logger.warning("closing the failed player of runner %d raised %r", self.index, err)
             self._attach(self._player_factory())
-        if self._group is not None:
-            self._group.abort()
-            self._group.request_reset(self._position)
         self.restarts += 1
 
     def close(self) -> None:
-        """Detach from the memory (the data stays) and close the player. Idempotent."""
+        """Close the player (``close_player``). Idempotent. The memory is the group's to let
+        go (:meth:`ActingGroup.close <expreplay.acting.group.ActingGroup.close>`)."""
         if self._closed:
             return
         self._closed = True
-        group = self._group
-        if group is not None and group.runners == [self]:
-            group.close()
         if self._close_player:
             try:
                 self.adapter.close()

@@ -14,7 +14,7 @@ import pytest
 
 from expreplay import ReplayMemory  # noqa: E402
 from expreplay.acting.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_env  # noqa: E402
-from expreplay.acting import EnvRunner, EnvRunnerManager  # noqa: E402
+from expreplay.acting import ActingGroup, EnvRunner, EnvRunnerManager  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from acting_helpers import RecordingMemory  # noqa: E402
@@ -144,8 +144,9 @@ def test_envpool_breakout_life_loss_is_terminal_for_training_only():
     pool = Log(make('Breakout-v5', num_envs=2, seed=1))
     mem = RecordingMemory(4000, (84, 84), 4)
     runner = EnvRunner(pool, None, mem, 4, life_loss_terminal=True)
+    group = ActingGroup([runner])
     for _ in range(1500):
-        runner.step(1.0)
+        group.step(1.0)
         if len(runner.total_scores) >= 1:
             break
     assert runner.total_scores, "a Breakout game ended"
@@ -161,8 +162,9 @@ def test_envpool_seeded_sync_runs_are_reproducible():
         pool = make(num_envs=2, seed=7)
         mem = ReplayMemory(1000, (84, 84), 4)
         runner = EnvRunner(pool, None, mem, 4, seed=5)
+        group = ActingGroup([runner])
         for _ in range(200):
-            runner.step(1.0)
+            group.step(1.0)
         batch = mem.sample_batch(64, rng=np.random.default_rng(0))
         runner.close()
         return batch
@@ -175,6 +177,7 @@ def test_envpool_seeded_sync_runs_are_reproducible():
 def test_envpool_async_warns_that_a_reset_seed_cannot_reach_it():
     pool = make(num_envs=4, batch_size=2, seed=0)
     runner = EnvRunner(pool, None, ReplayMemory(500, (84, 84), 4), 4, seed=1)
+    group = ActingGroup([runner])
     with pytest.warns(RuntimeWarning, match='envpool.make'):
-        runner.step(1.0)
+        group.step(1.0)
     runner.close()

@@ -176,15 +176,16 @@ def test_atari_vector_env_partial_batches_run_asynchronously():
     every sub-env is stored, truncations included, and the memory samples what was stored."""
     from ale_py.vector_env import AtariVectorEnv
     from expreplay import ReplayMemory
-    from expreplay.acting import EnvRunner
+    from expreplay.acting import ActingGroup, EnvRunner
     venv = AtariVectorEnv('pong', num_envs=4, batch_size=2, stack_num=1, num_threads=2,
                           max_num_frames_per_episode=80)
     assert isinstance(adapt_env(venv), AsyncVectorAdapter)
     mem = ReplayMemory(2000, (84, 84), 4)
     seen = []
     runner = EnvRunner(venv, lambda s: (seen.append(len(s)), np.ones((len(s), 6)))[1], mem, 4, seed=0)
+    group = ActingGroup([runner])
     for _ in range(120):
-        runner.step(0.5)
+        group.step(0.5)
     assert max(seen) <= 2                              # one recv's sub-envs per call
     assert runner.steps == mem.num_steps_written >= 200
     assert len(runner.total_scores) >= 4               # 20-step games: truncated, autoreset
@@ -329,14 +330,15 @@ def test_async_engine_reporting_an_unknown_sub_env_fails_in_recv():
 
 def test_async_engine_end_to_end_every_sampled_transition():
     from expreplay import ReplayMemory
-    from expreplay.acting import EnvRunner
+    from expreplay.acting import ActingGroup, EnvRunner
     from scripted_env import check_batch
     eng = FakeEngine(6, 3, episode_lengths=(4, 7, 2), ends=('truncated', 'terminated'))
     mem = ReplayMemory(300, (6,), 3, block_size=8)
     runner = EnvRunner(eng, lambda s: np.zeros((len(s), 3)), mem, 3)
+    group = ActingGroup([runner])
     assert runner.is_async
     for _ in range(900):
-        runner.step(0.5)
+        group.step(0.5)
     envs = {e.env_id: e for e in eng.envs}
     taken = sum(len(e.transitions) for e in eng.envs)
     # Every step the engine took is stored, except the ones whose results the runner has not

@@ -25,7 +25,7 @@ from expreplay import ReplayMemory
 from expreplay.acting.episodes import (EPISODE_LOG_FILENAME, Curriculum, EpisodeLog, EpisodeRecord,
                                 EpisodeStart, EpisodeTotals, FixedSeed, ProceduralSeeds,
                                 RestartPool, SeedList, SeedsExhausted, read_episode_log)
-from expreplay.acting import EnvRunner, EnvRunnerManager
+from expreplay.acting import ActingGroup, EnvRunner, EnvRunnerManager
 from expreplay.stream import Population, ReplayStream, Sampling
 from scripted_env import ScriptedEnv
 
@@ -143,8 +143,9 @@ def test_default_records_keep_the_old_seeding():
     records = Records()
     runner = EnvRunner(env, None, ReplayMemory(100, (6,), H), H, seed=7, index=2,
                        on_episode_end=records)
+    group = ActingGroup([runner])
     for _ in range(40):
-        runner.step(1.0)
+        group.step(1.0)
     assert env.seeds[0] == 9 and set(env.seeds[1:]) == {None}       # as without records
     assert [r.seed for r in records] == [9] + [None] * (len(records) - 1)
     assert [r.episode for r in records] == list(range(len(records)))
@@ -207,8 +208,9 @@ def test_curriculum_options_reach_reset_and_the_records():
     records = Records()
     runner = EnvRunner(env, None, ReplayMemory(200, (6,), H), H, seed=0,
                        episode_starts=curriculum, on_episode_end=records)
+    group = ActingGroup([runner])
     for _ in range(60):
-        runner.step(1.0)
+        group.step(1.0)
     assert len(records) >= 8
     done = 0
     for k, r in enumerate(records):
@@ -223,10 +225,11 @@ def test_curriculum_options_reach_reset_and_the_records():
     manual = Curriculum(lambda p: {'difficulty': p}, count_env_steps=False)
     env2 = OptionsLog(ScriptedEnv(1, episode_lengths=(2,)))
     runner2 = EnvRunner(env2, None, ReplayMemory(100, (6,), H), H, episode_starts=manual)
-    runner2.step(1.0)
+    group2 = ActingGroup([runner2])
+    group2.step(1.0)
     manual.progress = 0.5
     for _ in range(4):
-        runner2.step(1.0)
+        group2.step(1.0)
     assert env2.options == [{'difficulty': 0}, {'difficulty': 0.5}, {'difficulty': 0.5}]
     runner.close()
     runner2.close()
@@ -236,12 +239,14 @@ def test_old_api_env_refuses_reset_options():
     from scripted_env import OldApiScriptedEnv
     runner = EnvRunner(OldApiScriptedEnv(0), None, ReplayMemory(100, (6,), H), H,
                        episode_starts=FixedSeed(3, options={'a': 1}))
+    group = ActingGroup([runner])
     with pytest.raises(Exception, match='takes no options'):
-        runner.step(1.0)
+        group.step(1.0)
     ok = OldApiScriptedEnv(0)
     runner = EnvRunner(ok, None, ReplayMemory(100, (6,), H), H, episode_starts=FixedSeed(3))
+    group = ActingGroup([runner])
     for _ in range(10):
-        runner.step(1.0)
+        group.step(1.0)
     assert ok.seeds[:3] == [3, 3, 3]
 
 
@@ -256,9 +261,10 @@ def test_vector_env_starts_disabled_mode_and_autoreset_records():
     disabled = venv(AutoresetMode.DISABLED, 0)
     runner = EnvRunner(disabled, None, ReplayMemory(300, (6,), H), H, index=1,
                        episode_starts=sched, on_episode_end=records)
+    group = ActingGroup([runner])
     for k in range(40):
         sched.progress = k // 10        # different options while sub-envs reset at other times
-        runner.step(1.0)
+        group.step(1.0)
     for i, sub in enumerate(disabled.envs):
         seeds = sub.unwrapped.seeds
         assert seeds == [ProceduralSeeds(4).seed_for(1, i, e) for e in range(len(seeds))]
@@ -274,8 +280,9 @@ def test_vector_env_starts_disabled_mode_and_autoreset_records():
     nxt = venv(AutoresetMode.NEXT_STEP, 2)
     runner = EnvRunner(nxt, None, ReplayMemory(300, (6,), H), H, index=0,
                        episode_starts=ProceduralSeeds(4), on_episode_end=records)
+    group = ActingGroup([runner])
     for _ in range(30):
-        runner.step(1.0)
+        group.step(1.0)
     for i, sub in enumerate(nxt.envs):
         mine = sorted((r for r in records if r.env_index == i), key=lambda r: r.episode)
         assert mine[0].seed == ProceduralSeeds(4).seed_for(0, i, 0) == sub.unwrapped.seeds[0]
@@ -291,8 +298,9 @@ def test_life_losses_are_counted_and_a_record_is_a_whole_game():
     records = Records()
     runner = EnvRunner(env, None, ReplayMemory(200, (6,), H), H, life_loss_terminal=True,
                        on_episode_end=records)
+    group = ActingGroup([runner])
     for _ in range(40):
-        runner.step(1.0)
+        group.step(1.0)
     assert len(records) == 3
     for r in records:
         assert (r.length, r.life_losses, r.terminated, r.truncated) == (12, 3, True, False)
@@ -307,8 +315,9 @@ def test_episode_log_lines_parse_and_are_typed(tmp_path):
         runner = EnvRunner(ScriptedEnv(0), None, ReplayMemory(100, (6,), H), H, seed=3,
                            episode_starts=FixedSeed(3, options={'mode': np.int64(2)}),
                            on_episode_end=lambda r: (log(r), totals(r)))
+        group = ActingGroup([runner])
         for _ in range(30):
-            runner.step(1.0)
+            group.step(1.0)
         runner.close()
     assert log.closed and log.write(EpisodeRecord(*([0] * 12))) is False   # dropped after close
     lines = path.read_text().splitlines()
@@ -361,7 +370,7 @@ CHILD = textwrap.dedent('''
     sys.path.insert(0, {tests!r})
     from expreplay import ReplayMemory
     from expreplay.acting.episodes import EpisodeLog, ProceduralSeeds
-    from expreplay.acting import EnvRunner
+    from expreplay.acting import ActingGroup, EnvRunner
     from scripted_env import ScriptedEnv
 
     log = EpisodeLog({path!r})
@@ -371,8 +380,9 @@ CHILD = textwrap.dedent('''
     runner = EnvRunner(ScriptedEnv(0, episode_lengths=(7, 2, 4)), None,
                        ReplayMemory(1000, (6,), 4), 4, seed=0,
                        episode_starts=ProceduralSeeds(8), on_episode_end=on_end)
+    group = ActingGroup([runner])
     while True:
-        runner.step(1.0)
+        group.step(1.0)
 ''')
 
 
@@ -502,8 +512,9 @@ def test_restart_on_pong_replays_the_original_trajectory(sticky, include_rng, sa
         records = Records()
         runner = EnvRunner(env, ScriptedActions(actions, env.action_space.n, offset), mem, 4,
                            seed=0, episode_starts=spy, on_episode_end=records)
+        group = ActingGroup([runner])
         while len(records) < games:
-            runner.step(0.0)
+            group.step(0.0)
         runner.close()
         return mem, records, runner
 

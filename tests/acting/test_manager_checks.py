@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
-from expreplay.acting import CallTimeout
+from expreplay.acting import ActingGroup, CallTimeout
 from scripted_env import ScriptedEnv
 from acting_helpers import MODES, H, StepPredictor, threads_for
 
@@ -38,7 +38,8 @@ def test_a_negative_seed_is_refused_at_construction():
     with pytest.raises(ValueError, match=r'seed must be >= 0, got -1'):
         EnvRunner(ScriptedEnv(0), None, mem, H, seed=-1)
     runner = EnvRunner(ScriptedEnv(0), None, mem, H, seed=0)
-    runner.step(1.0)
+    group = ActingGroup([runner])
+    group.step(1.0)
     runner.close()
 
 

@@ -152,7 +152,7 @@ def test_pipelined_reset_failure_books_every_request(restarts):
     mgr.close()
     # Every request the thread took was booked as finished (queued ones were never taken).
     assert stats.queue_depth - stats.queued == 0
-    assert not any(r.group.in_step for r in runners)   # no step left half begun
+    assert not any(g.in_step for g in mgr.groups)     # no step left half begun
     greedy_ok(envs)
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs, n_batches=3)

@@ -1,5 +1,6 @@
 """EnvRunner and its acting group: what reaches the memory, episode ends and lives, seeding,
-the arguments refused, the predictor's outputs checked, and a runner moving between groups."""
+the arguments refused, the predictor's outputs checked, and a runner moving between groups
+(each group stepped directly, as a caller without a manager steps runners)."""
 
 
 import gymnasium as gym
@@ -102,8 +103,9 @@ def test_life_loss_is_terminal_for_training_only_on_breakout():
         gym.make('ALE/Breakout-v5', obs_type='grayscale', repeat_action_probability=0.0), (84, 84)))
     mem = RecordingMemory(3000, (84, 84), 4)
     runner = EnvRunner(env, None, mem, 4, seed=0, life_loss_terminal=True)
+    group = ActingGroup([runner])
     for _ in range(5000):
-        runner.step(1.0)
+        group.step(1.0)
         if len(runner.total_scores) == 2:
             break
     assert len(runner.total_scores) == 2
@@ -154,8 +156,9 @@ def test_seeding_is_reproducible():
     def run(seed):
         env = ScriptedEnv(0)
         runner = EnvRunner(env, StepPredictor(), ReplayMemory(100, (6,), H), H, seed=seed, index=2)
+        group = ActingGroup([runner])
         for _ in range(200):
-            runner.step(0.5)
+            group.step(0.5)
         return env
 
     a, b, c = run(7), run(7), run(8)
@@ -180,13 +183,17 @@ def test_bad_players_and_arguments_are_refused():
     with pytest.raises(TypeError, match='num_actions'):
         EnvRunner(NoSpace(), None, mem, H)
     r = EnvRunner(NoSpace(), None, mem, H, num_actions=2)
-    r.step(1.0)
+    group = ActingGroup([r])
+    group.step(1.0)
     # An observation the memory can not store is the env's failure (restartable), chained.
     with pytest.raises(EnvError, match='player observation') as info:
-        EnvRunner(ScriptedEnv(0, obs_shape=(7,)), None, mem, H).step(1.0)
+        ActingGroup([EnvRunner(ScriptedEnv(0, obs_shape=(7,)), None, mem, H)]).step(1.0)
     assert isinstance(info.value.__cause__, ValueError)
     with pytest.raises(ValueError, match='exploration'):
-        r.step(1.5)
+        group.step(1.5)
+    # A runner is stepped by a group (tensorpack's EnvRunner.step says so).
+    with pytest.raises(TypeError, match=r'ActingGroup\(\[runner\]\)'):
+        r.step(1.0)
     with pytest.raises(ValueError, match='maximum_staleness'):
         EnvRunnerManager([r], 0)
 
@@ -240,8 +247,9 @@ def test_predictor_may_return_the_q_array_or_tensorpack_s_list(kernels):
         env = ScriptedEnv(0)
         inner = StepPredictor()
         runner = EnvRunner(env, lambda s: wrap(inner(s)[0]), ReplayMemory(200, (6,), H), H)
+        group = ActingGroup([runner])
         for _ in range(50):
-            runner.step(0.0)
+            group.step(0.0)
         greedy_ok({0: env})
         runner.close()
 
@@ -263,14 +271,14 @@ class BadObsAt(ScriptedEnv):
 def test_a_rejected_observation_ends_the_episode_cleanly_and_the_runner_goes_on():
     env = BadObsAt(0, bad_at=37, episode_lengths=1000)
     mem = ReplayMemory(500, (6,), H)
-    runner = EnvRunner(env, StepPredictor(), mem, H, seed=0)
+    group = ActingGroup([EnvRunner(env, StepPredictor(), mem, H, seed=0)])
     for _ in range(36):
-        runner.step(0.5)
+        group.step(0.5)
     with pytest.raises(EnvError, match='player observation') as info:
-        runner.step(0.5)
+        group.step(0.5)
     assert isinstance(info.value.__cause__, ValueError)
     for _ in range(200):       # the next step resets the env and starts a new episode
-        runner.step(0.5)
+        group.step(0.5)
     assert env.resets == 2
     # Every stored transition is exactly what the env did; the rejected step is not stored
     # and nothing bootstraps across it.
@@ -283,48 +291,50 @@ def test_finished_game_records_are_bounded_when_never_read(monkeypatch):
     import expreplay.acting.runner
     monkeypatch.setattr(expreplay.acting.runner, 'MAX_KEPT_GAMES', 100)
     runner = EnvRunner(ScriptedEnv(0, episode_lengths=1), None, ReplayMemory(200, (6,), H), H)
+    group = ActingGroup([runner])
     for _ in range(500):       # 250 games of one step (a reset between each)
-        runner.step(1.0)
+        group.step(1.0)
     assert 50 <= len(runner.total_scores) <= 100 and 50 <= len(runner.pop_games()) <= 100
     runner.close()
 
 
-def test_a_runner_stepped_alone_then_managed_starts_new_episodes_and_frees_its_old_lane():
+def test_a_runner_stepped_by_its_own_group_then_managed_starts_new_episodes_and_counts_on():
     envs = {i: ScriptedEnv(i, episode_lengths=1000) for i in range(2)}
     mem = ReplayMemory(400, (6,), H, block_size=8)
     runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(2)]
+    solo = ActingGroup([runners[0]])
     for _ in range(10):
-        runners[0].step(0.5)              # its own group, its own lane
+        solo.step(0.5)                    # its own group, its own lane
     active = lambda: int((mem.ring.block_state == 1).sum())   # noqa: E731
     assert active() == 1
+    solo.close()                          # its owner lets it go before the runner moves
     with EnvRunnerManager(runners, 2) as mgr:
         assert active() == 0              # the solo group let its block go
         for _ in range(100):
             mgr.step(0.5)
         mgr.wait_idle(GUARD)
     assert envs[0].resets == 2            # a new episode in the manager's group
+    assert sum(r.steps for r in runners) == mem.num_steps_written   # both groups' steps
     assert_all_stored(envs, mem)
     sample_and_check(mem, envs)
 
 
-def test_a_group_changes_no_runner_until_its_owner_seats_them_there():
+def test_a_group_owns_its_runners_stepping_state_and_changes_no_runner_until_it_steps():
     env = ScriptedEnv(0, episode_lengths=1000)
     mem = ReplayMemory(200, (6,), H, block_size=8)
     runner = EnvRunner(env, StepPredictor(), mem, H)
+    solo = ActingGroup([runner])
     for _ in range(3):
-        runner.step(1.0)                  # a group of one, built by the runner's first step
-    solo = runner.group
-    group = ActingGroup([runner])
-    assert runner.group is solo and runner.steps == 3 and not runner.needs_reset
-    other = EnvRunner(ScriptedEnv(1, episode_lengths=1000), StepPredictor(), mem, H, index=1)
-    with pytest.raises(ValueError, match='not runners'):
-        other.seat(group, 0)              # a seat is the runner's own place in the group
-    runner.seat(group, 0)                 # what the group's owner (a manager) does
-    assert runner.group is group and runner.needs_reset and runner.steps == 3
+        solo.step(1.0)
+    group = ActingGroup([runner])         # building a group changes no runner, nor the other group
+    assert runner.steps == 3 and not solo.needs_reset(0) and group.needs_reset(0)
+    with pytest.raises(ValueError, match='distinct'):
+        ActingGroup([runner, runner])     # one lane map: a runner's envs have one place in it
+    solo.close()                          # what the group's owner (a manager) does first
     group.step(1.0)
     assert runner.steps == 4 == mem.num_steps_written and env.resets == 2
     with pytest.raises(RuntimeError, match='closed'):
-        solo.step(1.0)                    # left with no runner, it let its memory lane go
+        solo.step(1.0)                    # closed, it let its memory lane go
 
 
 def test_a_memory_with_extra_fields_is_refused_by_a_runner_naming_them():

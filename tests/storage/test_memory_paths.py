@@ -156,19 +156,20 @@ def test_a_memory_written_with_good_lanes_round_trips(kernels, tmp_path):
 
 
 # ----------------------------------------------------------------------------- dropped writers
-@pytest.mark.parametrize('kind', ['lane writer', 'batch writer', 'in a reference cycle', 'runner'])
+@pytest.mark.parametrize('kind', ['lane writer', 'batch writer', 'in a reference cycle',
+                                  'acting group'])
 def test_dropped_writers_give_their_blocks_back(kernels, kind):
-    """20 writers (or runners) dropped without close() on a memory of 20 blocks, then a new
+    """20 writers (or acting groups) dropped without close() on a memory of 20 blocks, then a new
     writer works: each gave its block back when it was collected (a cycle's, when the
     collector ran)."""
     mem = ReplayMemory(20 * 8, FRAME_SHAPE, 2, block_size=8)
     assert mem.num_blocks == 20
     for i in range(20):
-        if kind == 'runner':
-            from expreplay.acting import EnvRunner
+        if kind == 'acting group':
+            from expreplay.acting import ActingGroup, EnvRunner
             from scripted_env import ScriptedEnv
-            w = EnvRunner(ScriptedEnv(i, obs_shape=FRAME_SHAPE, episode_lengths=[5]), None, mem, 2,
-                          seed=i)
+            w = ActingGroup([EnvRunner(ScriptedEnv(i, obs_shape=FRAME_SHAPE, episode_lengths=[5]),
+                                       None, mem, 2, seed=i)])
             w.step(1.0)
         elif kind == 'lane writer':
             w = mem.new_writer()
