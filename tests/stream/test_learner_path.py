@@ -121,3 +121,22 @@ def test_the_players_states_have_the_layout_of_the_batches(layout, players):
     expected = (6, 3) if layout == 'NHWC' else (3, 6)
     assert batch.state.shape[1:] == expected
     assert seen and set(seen) == {expected}
+
+
+def test_a_learner_counts_frames_by_the_memory_s_steps_written(tmp_path):
+    # CleanRL's global_step, learning_starts and train_frequency: batch k (from 1) comes once
+    # fill + (k - 1) * update_frequency frames are stored, exactly with one player stepped
+    # inline; a memory restored from a checkpoint goes on with its own count.
+    seen = []
+    with make_stream(EnvFactory(), prefer(1), num_parallel_players=1, init_memory_size=100,
+                     update_frequency=4, prefetch=0, checkpoint_dir=tmp_path) as stream:
+        for k, _ in enumerate(stream, start=1):
+            seen.append((k, stream.memory.num_steps_written))
+            if k == 30:
+                break
+    assert seen == [(k, 100 + (k - 1) * 4) for k in range(1, 31)]
+    with make_stream(EnvFactory(), prefer(1), num_parallel_players=1, init_memory_size=100,
+                     update_frequency=4, prefetch=0, checkpoint_dir=tmp_path) as stream:
+        assert stream.resumed
+        first = next(iter(stream))
+        assert first is not None and stream.memory.num_steps_written == 100 + 29 * 4
