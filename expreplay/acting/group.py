@@ -9,17 +9,18 @@ cannot be avoided: a single env's own ``step()`` / ``reset()`` call, and an epis
 A step has two halves, :meth:`ActingGroup.begin` (choose the random actions, return the states
 that need Q-values) and :meth:`ActingGroup.finish` (act with the Q-values, store the steps), so
 that a manager can put the forward pass of one group between the halves of another's
-(:mod:`expreplay.acting.manager`). For an asynchronous engine (EnvPool ``recv``/``send``, Ray actors)
-``begin`` receives the ready sub-envs' results and stores them, and ``finish`` sends their next
-actions: the engine steps the other sub-envs meanwhile.
+(:mod:`expreplay.acting.manager`).
 
-The group drives the env calls and tells each runner what happened to its envs (games ended
-and started, episode records, the steps a scheduler observes); the objects it is made of do the
-rest, one job each: :class:`~expreplay.acting.policy.EpsilonGreedy` (the draws and the
-Q-values), :class:`~expreplay.acting.lanes.LaneEpisodes` (episodes and the memory writes, the
-only part that knows how steps are stored; it knows lanes, not runners) and
+The group drives a step and tells each runner what happened to its envs (steps stored, games
+ended and started, episode records, the steps a scheduler observes); the objects it is made of
+do the rest, one job each: the stepping of its runners' env kind
+(:class:`~expreplay.acting.envs.Stepping`, which the runners' adapters name: the env calls of a
+step, e.g. an asynchronous engine's ``begin`` receives the ready sub-envs' results and its
+``finish`` sends their next actions), :class:`~expreplay.acting.policy.EpsilonGreedy` (the
+draws and the Q-values), :class:`~expreplay.acting.lanes.LaneEpisodes` (episodes and the memory
+writes, the only part that knows how steps are stored; it knows lanes, not runners) and
 :class:`LaneResets` (the env calls that start episodes: resets, scheduled starts, restored
-states).
+states). The group never asks which kind of env it steps.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from .envs import NO_LIVES, FrameFormat, Results
-from .envs.singles import SingleEnvSteps
 from .lanes import EndedGame, LaneEpisodes
 from .policy import EpsilonGreedy, as_q_values, check_q_values, explorations
 from .records import EpisodeRecord, make_record
@@ -58,8 +58,10 @@ class ActingGroup:
 
     Lane ``runner_lanes[r][i]`` is sub-env ``i`` of ``runners[r]``; each lane writes its own
     memory lane, and has its frame history, score, length and lives in arrays over all lanes.
-    The runners must share the memory, the history length, the predictor and the number of
-    actions; an asynchronous runner is a group of its own. Building the group changes no
+    The runners must share the memory, the history length, the predictor, the number of
+    actions and their adapters' stepping (:class:`~expreplay.acting.envs.Stepping`: one env
+    kind per group; a kind whose stepping says ``one_runner``, an asynchronous engine, is a
+    group of its own). Building the group changes no
     runner; its first step of each runner resets the env. A runner is stepped by one group at a
     time: whoever builds groups (an :class:`~expreplay.acting.manager.EnvRunnerManager`, or a
     caller stepping runners directly, ``ActingGroup([runner]).step(exploration)``) closes a
@@ -84,20 +86,24 @@ class ActingGroup:
         if len({id(r) for r in runners}) != len(runners):
             raise ValueError("an ActingGroup's runners must be distinct")
         first = runners[0]
+        stepping = first.adapter.stepping
         for r in runners[1:]:
             if r.memory is not first.memory or r.history_len != first.history_len \
                     or r.predictor is not first.predictor or r.num_actions != first.num_actions:
                 raise ValueError("an ActingGroup's runners must share the memory, history_len, "
                                  "predictor and num_actions")
-        if len(runners) > 1 and any(r.is_async for r in runners):
-            raise ValueError("an asynchronous runner (recv/send) is a group of its own")
+            if r.adapter.stepping is not stepping:
+                raise ValueError(f"an ActingGroup's runners must be of one env kind: {r!r} is "
+                                 f"stepped by {r.adapter.stepping.__name__}, {first!r} by "
+                                 f"{stepping.__name__}")
+        if len(runners) > 1 and stepping.one_runner:
+            raise ValueError(f"{first!r} is a group of its own: its stepping, "
+                             f"{stepping.__name__}, steps one runner (e.g. an asynchronous "
+                             "engine's recv/send)")
         self.runners = runners
         self.memory = first.memory
         self.predictor = first.predictor
         self.num_actions: int = first.num_actions
-        self.is_async: bool = first.is_async
-        # Single-env runners are stepped one env call each; a vector runner with one call.
-        self.singles = all(not r.is_vector for r in runners)
         sizes = [r.num_envs for r in runners]
         starts = np.concatenate([[0], np.cumsum(sizes)])
         self.num_lanes = int(starts[-1])
@@ -112,6 +118,7 @@ class ActingGroup:
         self._policy = EpsilonGreedy([r.rng for r in runners], self.runner_lanes, self.num_actions)
         # Lane -> (its runner's position, its sub-env's index in that runner).
         self._lane_runner = np.repeat(np.arange(len(runners)), sizes)
+        self._lane_runners = self._lane_runner.tolist()     # read per stored step
         self._lane_env = np.concatenate([np.arange(s) for s in sizes])
         self._lanes = LaneEpisodes(np.repeat([r.life_loss_terminal for r in runners], sizes),
                                    self.memory, self._format.state_shape, self._format.dtype)
@@ -122,7 +129,8 @@ class ActingGroup:
                      for k, r in enumerate(runners)]
         self._observers = {k: f for k, f in observers if f is not None}
         self._snapshots = [_Snapshot(self, lane) for lane in range(self.num_lanes)]
-        self._singles = SingleEnvSteps(len(runners), self._format) if self.singles else None
+        # The env calls of a step, as the runners' kind makes them: chosen once, here.
+        self._stepping = stepping(self)
         self._pending: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._closed = False
         self.calls = 0                     # predictor calls made by step() (inline)
@@ -133,6 +141,11 @@ class ActingGroup:
         """``(what, runner)`` of the env call the group named running now (a reset, a restore...),
         else None: what a manager's watchdog names when the call hangs."""
         return self._resets.current_call
+
+    @property
+    def frame_format(self) -> FrameFormat:
+        """How the runners' observations become memory frames."""
+        return self._format
 
     @property
     def in_step(self) -> bool:
@@ -183,8 +196,9 @@ class ActingGroup:
         """First half of a step: reset where needed, choose the random actions, and return the
         states of the lanes that act greedily (``(k, *state_shape, history_len)``).
 
-        ``exploration`` is one probability, or one per member. For an asynchronous runner this
-        receives the ready sub-envs' results first (and stores them): the states are theirs.
+        ``exploration`` is one probability, or one per member. The stepping says which lanes
+        act (an asynchronous engine's receives the ready sub-envs' results first and stores
+        them: the states are theirs).
         Raises :class:`EnvError` (its ``runner`` set) when a reset or receive fails.
         """
         if self._closed:
@@ -197,16 +211,7 @@ class ActingGroup:
             if self._needs_reset[k]:
                 self._reset_runner(k)
                 self._needs_reset[k] = False
-        if self.is_async:
-            lanes = self._receive()
-        elif self.singles:
-            lanes = members            # one lane per runner, in runner order
-        elif len(members) == 1:
-            lanes = self.runner_lanes[members[0]]
-        else:
-            lanes = np.concatenate([self.runner_lanes[k] for k in members])
-            if isinstance(eps, np.ndarray):
-                eps = np.repeat(eps, [self.runners[k].num_envs for k in members])
+        lanes, eps = self._stepping.lanes(members, eps)
         actions, greedy = self._policy.draw(lanes, eps, self._lanes.open)
         if len(greedy) and self.predictor is None:
             raise PredictorError(f"runners {[r.index for r in self.runners]} have predictor=None, "
@@ -224,18 +229,9 @@ class ActingGroup:
         self._pending = None
         if len(greedy):
             self._policy.act_greedy(q_values, greedy, actions)
-        if self.is_async:
-            return self._send(lanes, actions)
         failures: Failures = []
-        if self.singles:
-            if self._step_singles(members, actions, failures):
-                return failures        # the common case: no episode ended, nothing to reset
-        else:
-            offset = 0
-            for k in members.tolist():
-                size = self.runners[k].num_envs
-                self._step_vector(k, actions[offset:offset + size], failures)
-                offset += size
+        if self._stepping.step(members, lanes, actions, failures):
+            return failures            # nothing else due (e.g. no episode ended)
         # Every step is stored: now the callbacks may run (and even raise) without losing one.
         if self._lanes.has_ended:
             self._end_games()
@@ -248,7 +244,7 @@ class ActingGroup:
                 try:
                     self._reset_finished(k)
                 except EnvError as err:
-                    self._fail(k, err, failures)
+                    self.fail(k, 'reset', err, failures)
         return failures
 
     def finish_or_raise(self, q_values: Any) -> None:
@@ -261,10 +257,9 @@ class ActingGroup:
     def abort(self) -> None:
         """Forget a :meth:`begin` whose Q-values will not come (the predictor failed)."""
         pending, self._pending = self._pending, None
-        if pending is not None and self.is_async:
-            # The received sub-envs wait for actions: send the random ones (stored as usual).
+        if pending is not None:
             _, lanes, actions, _ = pending
-            self._send(lanes, actions)
+            self._stepping.abort(lanes, actions)
 
     # ------------------------------------------------------------------ resets
     def _reset_runner(self, k: int) -> None:
@@ -326,81 +321,40 @@ class ActingGroup:
                            game.life_losses, game.started_at, options=start.options,
                            restored_from=None if start.restore is None else start.restore.origin)
 
-    # ------------------------------------------------------------------ env calls
-    def _step_singles(self, members: np.ndarray, actions: np.ndarray, failures: Failures) -> bool:
-        """One ``step`` call per single-env runner; True when the steps were stored in the
-        common case (no failure, no episode end), so that nothing else is due."""
-        assert self._singles is not None
-        steps = self._singles
-        adapters = [self.runners[k].adapter for k in members.tolist()]
-        if steps.step(adapters, actions) and self._lanes.store_fast(members, actions, *steps.rows):
-            runners = self.runners
-            for k in members.tolist():
-                runners[k].count_steps(1)
-            self.inserted += len(members)
-            if self._observers:
-                self._stored(members, actions)
-            return not self._lanes.has_ended
-        steps.check_batch()
-        ok = np.ones(len(members), bool)
-        for j, err in steps.failed:
-            if ok[j]:
-                ok[j] = False
-                self._fail(int(members[j]), env_error(self.runners[members[j]], 'step', err), failures)
-        rows = np.flatnonzero(ok)
-        stepped = members[rows]
-        for k in stepped.tolist():
-            self.runners[k].count_steps(1)
-        self.inserted += len(stepped)
-        if not len(stepped):
-            return False
-        frames, rewards, term, trunc, lives = steps.rows
-        self._lanes.store(stepped, actions[rows], frames[rows], rewards[rows], term[rows],
-                          trunc[rows], lives[rows])
+    # ------------------------------------------------------------------ what the stepping hands
+    # The stepping (envs.Stepping) makes a step's env calls and hands the results here.
+    @property
+    def has_ended(self) -> bool:
+        """Some lane's game ended in the steps stored since the games were last ended."""
+        return self._lanes.has_ended
+
+    def frames_of(self, res: Results) -> np.ndarray:
+        """The memory frames of ``res``'s observations; raises if those or its rewards can not
+        be stored (the memory's rules)."""
+        frames = self._format.batch(res.obs, len(res.env_ids))
+        _check_rewards(res.reward)
+        return frames
+
+    def store_rows(self, lanes: np.ndarray, actions: np.ndarray, rows: tuple[np.ndarray, ...],
+                   fast: bool = False) -> bool:
+        """Store one step of each of ``lanes``, taken with ``actions``: ``rows`` = (frames,
+        rewards, terminated, truncated, lives), a row per lane. ``fast``: only if the common
+        step's kernel takes it (False, nothing stored, otherwise); the general path else."""
+        if fast:
+            if not self._lanes.store_fast(lanes, actions, *rows):
+                return False
+        else:
+            self._lanes.store(lanes, actions, *rows)
+        runners, lane_runners = self.runners, self._lane_runners
+        EnvRunner.count_step_of([runners[lane_runners[lane]] for lane in lanes.tolist()])
+        self.inserted += len(lanes)
         if self._observers:
-            self._stored(stepped, actions[rows])
-        return False
+            self._stored(lanes, actions)
+        return True
 
-    def _step_vector(self, k: int, actions: np.ndarray, failures: Failures) -> None:
-        runner = self.runners[k]
-        try:
-            res = runner.adapter.step(actions)
-            frames = self._format.batch(res.obs, len(res.env_ids))
-            _check_rewards(res.reward)
-        except Exception as err:
-            self._fail(k, env_error(runner, 'step', err), failures)
-            return
-        self._store_results(k, res, frames, actions[res.env_ids])
-
-    def _receive(self) -> np.ndarray:
-        """Asynchronous runner: receive the ready sub-envs' results and store them."""
-        runner = self.runners[0]
-        try:
-            res = runner.adapter.recv()
-            frames = self._format.batch(res.obs, len(res.env_ids))
-            _check_rewards(res.reward)
-        except Exception as err:
-            self._needs_reset[0] = True
-            self._lanes.close(self.runner_lanes[0])
-            raise env_error(runner, 'recv', err) from err
-        self._store_results(0, res, frames, self._lanes.last_actions(res.env_ids))
-        if self._lanes.has_ended:
-            self._end_games()
-        return res.env_ids
-
-    def _send(self, lanes: np.ndarray, actions: np.ndarray) -> Failures:
-        runner = self.runners[0]
-        self._lanes.note_actions(lanes, actions)
-        try:
-            runner.adapter.send(actions, lanes)
-        except Exception as err:
-            failures: Failures = []
-            self._fail(0, env_error(runner, 'send', err), failures)
-            return failures
-        return []
-
-    def _store_results(self, k: int, res: Results, frames: np.ndarray, actions: np.ndarray) -> None:
-        """Store a vector runner's :class:`~expreplay.acting.envs.Results` (steps and starts)."""
+    def store_results(self, k: int, res: Results, frames: np.ndarray, actions: np.ndarray) -> None:
+        """Store runner ``k``'s :class:`~expreplay.acting.envs.Results` (steps and starts), its
+        observations as ``frames`` (:meth:`frames_of`), taken with ``actions`` (a row each)."""
         lanes = self.runner_lanes[k][res.env_ids]
         lives = res.lives if res.lives is not None else np.full(len(lanes), NO_LIVES)
         started = res.started
@@ -427,11 +381,30 @@ class ActingGroup:
         if self._observers:
             self._stored(lanes, actions)
 
-    def _fail(self, k: int, err: EnvError, failures: Failures) -> None:
-        """Runner ``k`` failed: its episodes end here, its next step resets its env."""
+    def fail(self, k: int, what: str, err: BaseException, failures: Failures | None = None
+             ) -> EnvError:
+        """Runner ``k``'s env failed in ``what`` with ``err``: its episodes end here and its
+        next step resets its env. Returns the :class:`EnvError` naming the runner, also
+        added to ``failures`` (what :meth:`finish` returns) when given."""
         self._needs_reset[k] = True
         self._lanes.close(self.runner_lanes[k])
-        failures.append((self.runners[k], err))
+        error = env_error(self.runners[k], what, err)
+        if failures is not None:
+            failures.append((self.runners[k], error))
+        return error
+
+    def end_games(self) -> None:
+        """Tell the runners of the games that ended, if any did (:meth:`has_ended`)."""
+        if self._lanes.has_ended:
+            self._end_games()
+
+    def last_actions(self, lanes: np.ndarray) -> np.ndarray:
+        """The last action each of ``lanes`` was given."""
+        return self._lanes.last_actions(lanes)
+
+    def note_actions(self, lanes: np.ndarray, actions: np.ndarray) -> None:
+        """``lanes`` were given ``actions`` (their results come later: an asynchronous engine)."""
+        self._lanes.note_actions(lanes, actions)
 
     # ------------------------------------------------------------------ close
     def close(self) -> None:
@@ -490,7 +463,7 @@ class LaneResets:
         lanes = self.runner_lanes[k]
         adapter = runner.adapter
         n = runner.num_envs
-        if runner.episode_starts is not None and not adapter.is_async:
+        if runner.episode_starts is not None and adapter.plans_starts:
             starts = [self._plan(runner, i, episode_indices[i]) for i in range(n)]
             options = [s.options for s in starts]
             if any(o != options[0] for o in options[1:]):
@@ -533,8 +506,7 @@ class LaneResets:
         if planned:
             starts = [planned[int(i)] for i in res.env_ids]
         else:
-            starts = [PLAIN_RESET if adapter.controls_resets or not runner.is_vector else AUTORESET
-                      ] * len(res.env_ids)
+            starts = [PLAIN_RESET if adapter.controls_resets else AUTORESET] * len(res.env_ids)
         frames, lives = self._restore_where_planned(runner, starts, frames, lives,
                                                     env_ids=res.env_ids)
         return lanes[res.env_ids], frames, lives, starts

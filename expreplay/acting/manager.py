@@ -42,24 +42,26 @@ def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> 
     """The acting groups of each simulator thread (the manager's own, each runner in one):
     ``simulator_threads`` as :class:`EnvRunnerManager` documents it."""
     n = len(runners)
+    # Whether a runner is pooled is its stepping's word (envs.Stepping.pools_runners): single
+    # envs, whose steps hold the GIL, are; a vector or asynchronous engine is not.
     if simulator_threads is None:
-        singles = [r for r in runners if not r.is_vector]
-        others = [[r] for r in runners if r.is_vector]
-        owned = ([singles] if len(singles) > 1 else [[r] for r in singles]) + others
+        pooled = [r for r in runners if r.adapter.stepping.pools_runners]
+        others = [[r] for r in runners if not r.adapter.stepping.pools_runners]
+        owned = ([pooled] if len(pooled) > 1 else [[r] for r in pooled]) + others
     else:
         owned = [list(runners[j::simulator_threads]) for j in range(simulator_threads)]
     plan = []
     for rs in owned:
         groups: list[ActingGroup] = []
-        # Vector and asynchronous runners are groups of their own; single envs that can
-        # share a predictor call form two halves, pipelined.
+        # A runner that is not pooled is a group of its own; pooled runners that can share a
+        # predictor call (and a stepping) form two halves, pipelined.
         for r in rs:
-            if r.is_vector:
+            if not r.adapter.stepping.pools_runners:
                 groups.append(ActingGroup([r]))
-        singles = [r for r in rs if not r.is_vector]
-        by_key: dict[tuple[int, int, int], list[EnvRunner]] = collections.defaultdict(list)
-        for r in singles:
-            by_key[(id(r.predictor), id(r.memory), r.num_actions)].append(r)
+        by_key: dict[tuple[Any, ...], list[EnvRunner]] = collections.defaultdict(list)
+        for r in rs:
+            if r.adapter.stepping.pools_runners:
+                by_key[(r.adapter.stepping, id(r.predictor), id(r.memory), r.num_actions)].append(r)
         for members in by_key.values():
             if len(members) == 1 or simulator_threads == n:
                 groups.extend(ActingGroup([r]) for r in members)
@@ -82,7 +84,8 @@ class EnvRunnerManager:
             None (default): chosen for what the runners are. Single-env runners (whose env
             steps hold the GIL, like single ALE envs) share one *pipelined* thread; each vector
             or asynchronous runner (``AtariVectorEnv``, EnvPool, Ray actors, whose engines step
-            outside the GIL) gets a thread of its own. ``len(env_runners)``: one thread per
+            outside the GIL) gets a thread of its own (as the runner's adapter's stepping says:
+            :attr:`~expreplay.acting.envs.Stepping.pools_runners`). ``len(env_runners)``: one thread per
             runner, each stepping its runner alone (wins for envs that release the GIL while
             stepping, e.g. subprocess vector envs, when there are cores to spare). ``k`` in
             between: runner ``i`` goes to thread ``i % k``, pipelined.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -149,6 +149,11 @@ class EnvRunner:
         if not first and adapter.num_envs != self.num_envs:
             raise ValueError(f"player_factory built a player with {adapter.num_envs} sub-envs, "
                              f"the runner was built for {self.num_envs}")
+        if not first and adapter.stepping is not self.adapter.stepping:
+            # The group that steps this runner was built for its kind's stepping.
+            raise ValueError(f"player_factory built a player of another kind "
+                             f"({type(adapter).__name__}, the runner was built for "
+                             f"{type(self.adapter).__name__})")
         n_act = self._num_actions_arg if self._num_actions_arg is not None else adapter.num_actions
         if n_act is None:
             raise TypeError(f"player {type(player).__name__} has no Discrete action space; "
@@ -161,7 +166,7 @@ class EnvRunner:
         # The player behind the acting interface (expreplay.acting.envs); read on every step,
         # hence an attribute, replaced only here. Typed Any: besides EnvAdapter's interface it
         # has the calls of its kind (step_one for a single env, recv / send when asynchronous),
-        # which the acting group makes according to is_vector / is_async.
+        # which its stepping (adapter.stepping, built by the acting group) makes.
         self.adapter: Any = adapter
         self.num_envs = adapter.num_envs
         self.num_actions = int(n_act)
@@ -176,14 +181,14 @@ class EnvRunner:
 
     @property
     def is_async(self) -> bool:
-        """True for an asynchronous engine (``recv``/``send``): see :class:`ActingGroup`."""
+        """True for an asynchronous engine (``recv``/``send``)."""
         return self.adapter.is_async
 
     @property
     def is_vector(self) -> bool:
-        """True unless the player is one synchronous env stepped one call at a time."""
-        adapter = self.adapter
-        return self.num_envs > 1 or adapter.is_async or not hasattr(adapter, 'step_one')
+        """True unless the player is one synchronous env stepped one call at a time, pooled
+        with other such runners (its adapter's :class:`~expreplay.acting.envs.Stepping` says)."""
+        return not self.adapter.stepping.pools_runners
 
     def take_first_seed(self) -> int | None:
         """The seed of this runner's first reset (``seed + index * num_envs``) the first time,
@@ -211,6 +216,13 @@ class EnvRunner:
     def count_steps(self, n: int) -> None:
         """``n`` more steps of this runner's envs are stored (the acting group tells)."""
         self.steps += n
+
+    @staticmethod
+    def count_step_of(runners: Iterable[EnvRunner]) -> None:
+        """One more step of each of ``runners`` is stored (a runner named twice: two): what an
+        acting group of single envs tells, in one call per step rather than one per runner."""
+        for runner in runners:
+            runner.steps += 1
 
     def record_game(self, score: float, length: int) -> None:
         """A game ended with ``score`` after ``length`` steps (the acting group tells). Thread-safe."""

@@ -349,6 +349,32 @@ def test_async_engine_end_to_end_every_sampled_transition():
         check_batch(mem.sample_batch(64, rng=rng), envs, 3)
 
 
+def test_an_adapter_names_its_stepping_and_a_group_is_of_one_kind():
+    """The env kind is chosen once, with the adapter: its stepping. A group steps one kind, an
+    asynchronous engine alone, and a restart may not change a runner's kind."""
+    from expreplay import ReplayMemory
+    from expreplay.acting import ActingGroup, EnvRunner
+    from expreplay.acting.envs import Stepping
+    from expreplay.acting.envs.singles import SingleEnvSteps
+    from expreplay.acting.envs.vector import AsyncSteps
+    vec = SyncVectorEnv([lambda: ScriptedEnv(0), lambda: ScriptedEnv(1)])
+    assert adapt_env(ScriptedEnv(0)).stepping is SingleEnvSteps and SingleEnvSteps.pools_runners
+    assert adapt_env(vec).stepping is Stepping and not Stepping.pools_runners
+    eng = FakeEngine(4, 2)
+    assert adapt_env(eng).stepping is AsyncSteps and AsyncSteps.one_runner
+    mem = ReplayMemory(100, (6,), 3)
+    single, vector = EnvRunner(ScriptedEnv(2), None, mem, 3), EnvRunner(vec, None, mem, 3)
+    with pytest.raises(ValueError, match='one env kind'):
+        ActingGroup([single, vector])
+    engine = EnvRunner(eng, None, mem, 3)
+    with pytest.raises(ValueError, match='a group of its own'):
+        ActingGroup([engine, EnvRunner(FakeEngine(4, 2), None, mem, 3)])
+    one = SyncVectorEnv([lambda: ScriptedEnv(4)])       # one sub-env, as the runner had
+    restartable = EnvRunner(ScriptedEnv(3), None, mem, 3, player_factory=lambda: one)
+    with pytest.raises(ValueError, match='another kind'):
+        restartable.restart()
+
+
 def test_a_float_space_is_refused_by_a_float16_memory_naming_the_fix():
     """The population's check of the player's observation space applies the memory's rule:
     float32 observations would be rounded by a float16 memory."""

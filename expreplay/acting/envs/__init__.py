@@ -27,8 +27,16 @@ predictor sees).
 
 This module does not import gymnasium unless it is installed; nothing here imports TensorFlow.
 
-The package's modules: :mod:`.base` (the protocol and the rules for flags and rewards),
-:mod:`.single`, :mod:`.vector` (the adapters), :mod:`.frames`; this module picks the adapter.
+Each adapter class names its :class:`Stepping` (``EnvAdapter.stepping``): how an acting group
+steps envs of that kind (one ``step`` call per runner; one ``step_one`` call per single env,
+:class:`~.singles.SingleEnvSteps`; ``recv`` / ``send``, :class:`~.vector.AsyncSteps`). Picking the
+adapter picks the stepping, once: the group and the manager read the stepping's attributes and
+call its methods, never the kind. A new kind is an adapter and its stepping, in a module of
+their own, and a line here that detects it.
+
+The package's modules: :mod:`.base` (the protocol, the stepping protocol and the rules for flags
+and rewards), :mod:`.single` and :mod:`.singles`, :mod:`.vector` (the adapters and their
+steppings), :mod:`.frames`; this module picks the adapter.
 """
 
 from __future__ import annotations
@@ -37,15 +45,15 @@ from typing import Any
 
 import numpy as np
 
-from .base import NO_LIVES, EnvAdapter, Results, _batch_size, _describe
+from .base import NO_LIVES, EnvAdapter, Results, Stepping, _batch_size, _describe
 # The rules for what an env returns (expreplay.ray's actors hold their envs to them too).
 from .base import _flag, _flags, _reward, _rewards  # noqa: F401
 from .frames import FrameFormat, FrameHistory
 from .single import SingleEnvAdapter
 from .vector import AsyncVectorAdapter, VectorEnvAdapter
 
-__all__ = ['Results', 'EnvAdapter', 'SingleEnvAdapter', 'VectorEnvAdapter', 'AsyncVectorAdapter',
-           'adapt_env', 'FrameFormat', 'FrameHistory', 'NO_LIVES']
+__all__ = ['Results', 'EnvAdapter', 'Stepping', 'SingleEnvAdapter', 'VectorEnvAdapter',
+           'AsyncVectorAdapter', 'adapt_env', 'FrameFormat', 'FrameHistory', 'NO_LIVES']
 
 _gym: Any
 try:  # gymnasium is an optional dependency (extra 'atari'); duck typing covers the rest.
@@ -72,7 +80,8 @@ def _is_async_engine(player: Any) -> bool:
 
 
 def adapt_env(player: Any) -> EnvAdapter:
-    """The :class:`EnvAdapter` for ``player``; TypeError naming ``player`` if it is no env."""
+    """The :class:`EnvAdapter` for ``player``, whose class names the :class:`Stepping` acting
+    groups step it with; TypeError naming ``player`` if it is no env."""
     if isinstance(player, EnvAdapter):
         return player
     if _is_vector_env(player):

@@ -1,16 +1,17 @@
-"""The adapters' protocol (:class:`EnvAdapter`), what they return (:class:`Results`), and the
-rules every adapter holds an env's flags and rewards to."""
+"""The adapters' protocol (:class:`EnvAdapter`), what they return (:class:`Results`), how an
+acting group steps them (:class:`Stepping`, the strategy of an env kind), and the rules every
+adapter holds an env's flags and rewards to."""
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from ..._checks import check_bool
 from ...storage._inputs import check_reward, check_rewards
 
-__all__ = ['Results', 'EnvAdapter', 'NO_LIVES']
+__all__ = ['Results', 'EnvAdapter', 'Stepping', 'SteppedGroup', 'NO_LIVES']
 
 NO_LIVES = -1   # lives value of a sub-env that reports none
 
@@ -82,6 +83,100 @@ def _rewards(values: Any, n: int, name: str = 'player rewards') -> np.ndarray:
     return arr.astype(np.float64).reshape(n)
 
 
+class SteppedGroup(Protocol):
+    """What a :class:`Stepping` uses of the acting group it steps for
+    (:class:`~expreplay.acting.group.ActingGroup`): the group stores, the stepping makes the env
+    calls. ``k`` is a runner's position in :attr:`runners`."""
+
+    runners: list[Any]
+    runner_lanes: list[np.ndarray]
+
+    @property
+    def frame_format(self) -> Any: ...
+
+    @property
+    def has_ended(self) -> bool: ...
+
+    def frames_of(self, res: Results) -> np.ndarray: ...
+
+    def store_results(self, k: int, res: Results, frames: np.ndarray, actions: np.ndarray) -> None: ...
+
+    def store_rows(self, lanes: np.ndarray, actions: np.ndarray, rows: tuple[np.ndarray, ...],
+                   fast: bool = False) -> bool: ...
+
+    def fail(self, k: int, what: str, err: BaseException, failures: list[Any] | None = None
+             ) -> Any: ...
+
+    def end_games(self) -> None: ...
+
+    def last_actions(self, env_ids: np.ndarray) -> np.ndarray: ...
+
+    def note_actions(self, lanes: np.ndarray, actions: np.ndarray) -> None: ...
+
+
+class Stepping:
+    """How an acting group steps the envs of one kind: the strategy an adapter class names
+    (:attr:`EnvAdapter.stepping`, so :func:`~expreplay.acting.envs.adapt_env` chooses it with
+    the adapter), built once per group over its runners, which are all of that kind.
+
+    This one is the protocol's own: each runner's adapter stepped with one
+    ``step(actions)`` call (a vector env's sub-envs at once), its :class:`Results` handed to
+    the group. A kind with other calls (one env call per single env, ``recv`` / ``send``)
+    subclasses it in its adapter's module; the group and the manager read only what is
+    here, never the kind.
+
+    Class attributes, read when groups are planned and built:
+        pools_runners: runners of this kind are pooled: a manager puts those that share a
+            predictor, memory and action count into shared groups on one pipelined thread
+            (their env calls hold the GIL). False: a runner is a group, and by default a
+            thread, of its own (its engine steps outside the GIL).
+        one_runner: a group of this kind holds one runner only.
+    """
+
+    pools_runners = False
+    one_runner = False
+
+    def __init__(self, group: SteppedGroup) -> None:
+        self.group = group
+
+    def lanes(self, members: np.ndarray, eps: Any) -> tuple[np.ndarray, Any]:
+        """The first half of a step of ``members`` (runner positions), after the resets: the
+        lanes that act now, and ``eps`` (one probability, or one per member) for them."""
+        group = self.group
+        if len(members) == 1:
+            return group.runner_lanes[members[0]], eps
+        lanes = np.concatenate([group.runner_lanes[k] for k in members])
+        if isinstance(eps, np.ndarray):
+            eps = np.repeat(eps, [group.runners[k].num_envs for k in members])
+        return lanes, eps
+
+    def step(self, members: np.ndarray, lanes: np.ndarray, actions: np.ndarray,
+             failures: list[Any]) -> bool:
+        """The second half: act ``actions`` in ``lanes`` (as :meth:`lanes` returned them) and
+        hand the results to the group; a runner whose env failed joins ``failures`` (through
+        the group's ``fail``). True when nothing else is due this step (no
+        episode ended: the group need not look for games to end and envs to reset)."""
+        group = self.group
+        runners = group.runners
+        offset = 0
+        for k in members.tolist():
+            runner = runners[k]
+            acts = actions[offset:offset + runner.num_envs]
+            offset += runner.num_envs
+            try:
+                res = runner.adapter.step(acts)
+                frames = group.frames_of(res)
+            except Exception as err:
+                group.fail(k, 'step', err, failures)
+                continue
+            group.store_results(k, res, frames, acts[res.env_ids])
+        return False
+
+    def abort(self, lanes: np.ndarray, actions: np.ndarray) -> None:
+        """A step begun (its random ``actions`` drawn for ``lanes``) whose Q-values will not
+        come: what the envs need (nothing, unless they wait for actions)."""
+
+
 def _lives_from_info(info: Any) -> int:
     lives = info.get('lives') if isinstance(info, dict) else None
     return NO_LIVES if lives is None else int(lives)
@@ -107,6 +202,11 @@ class EnvAdapter:
         time: started); ``send(actions, env_ids)`` gives them their next actions.
     Both: ``close()``; ``can_clone_state``, ``clone_state(i, include_rng=False)``,
     ``restore_state(i, state, prev_action=None)``: emulator snapshots (ALE), for restart points.
+
+    ``stepping``: the :class:`Stepping` an acting group steps adapters of this class with (the
+    kind's calls are the stepping's business; the group makes none of its own).
+    ``plans_starts``: an episode-start scheduler's seeds and options reach this adapter's
+    resets (False: the env is seeded when it is made, and starts its episodes itself).
     """
 
     player: Any = None
@@ -114,6 +214,8 @@ class EnvAdapter:
     num_actions: int | None = None   # from the action space when it is Discrete, else None
     controls_resets = True   # False when the env resets finished sub-envs by itself (autoreset)
     is_async = False
+    stepping: type[Stepping] = Stepping
+    plans_starts = True
 
     def reset(self, seed: int | list[int | None] | None = None,
               options: dict[str, Any] | None = None) -> Results | None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .base import (_ENV0, NO_LIVES, EnvAdapter, Results, _describe, _discrete_n, _flag,
                    _lives_from_info, _reward, _started_results)
+from .singles import SingleEnvSteps
 
 __all__ = ['SingleEnvAdapter']
 
@@ -17,8 +18,9 @@ __all__ = ['SingleEnvAdapter']
 class SingleEnvAdapter(EnvAdapter):
     """One environment with the gymnasium API or the old gym API (detected).
 
-    Besides the protocol, :meth:`step_one` and :meth:`reset_one` work on scalars: the acting
-    path steps several single envs one call each and gathers their results into arrays itself.
+    Besides the protocol, :meth:`step_one` and :meth:`reset_one` work on scalars: its stepping,
+    :class:`~expreplay.acting.envs.singles.SingleEnvSteps`, steps several single envs one call
+    each and gathers their results into arrays itself.
 
     Args:
         player: the environment.
@@ -26,6 +28,7 @@ class SingleEnvAdapter(EnvAdapter):
     """
 
     num_envs = 1
+    stepping = SingleEnvSteps
 
     def __init__(self, player: Any, api: str | None = None) -> None:
         self.player = player

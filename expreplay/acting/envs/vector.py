@@ -1,5 +1,7 @@
 """The adapters of vector envs: synchronous (:class:`VectorEnvAdapter`, a gymnasium ``VectorEnv``
-in any autoreset mode) and asynchronous (:class:`AsyncVectorAdapter`, ``recv`` / ``send``)."""
+in any autoreset mode, stepped by the protocol's own :class:`~expreplay.acting.envs.base.Stepping`)
+and asynchronous (:class:`AsyncVectorAdapter`, ``recv`` / ``send``, stepped by
+:class:`AsyncSteps`)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from .base import (NO_LIVES, EnvAdapter, Results, _batch_size, _describe, _discrete_n, _flags, _rewards,
-                   _started_results)
+from .base import (NO_LIVES, EnvAdapter, Results, Stepping, _batch_size, _describe, _discrete_n, _flags,
+                   _rewards, _started_results)
 
-__all__ = ['VectorEnvAdapter', 'AsyncVectorAdapter']
+__all__ = ['VectorEnvAdapter', 'AsyncVectorAdapter', 'AsyncSteps']
 
 
 class _VectorBase(EnvAdapter):
@@ -204,6 +206,47 @@ class VectorEnvAdapter(_VectorBase):
         return _started_results(np.array(ids), np.concatenate(obs), np.concatenate(lives))
 
 
+class AsyncSteps(Stepping):
+    """The steps of an asynchronous engine (one runner per group): the first half of a step
+    receives the ready sub-envs' results and stores them (their lanes act now), the second
+    sends their next actions, and the engine steps the other sub-envs meanwhile."""
+
+    one_runner = True
+
+    def lanes(self, members: np.ndarray, eps: Any) -> tuple[np.ndarray, Any]:
+        """Receive the ready sub-envs' results and store them: they are the lanes that act
+        (the runner's lanes are the group's first, so a sub-env's index is its lane). Raises
+        the :class:`~expreplay.errors.EnvError` of a failed receive."""
+        group = self.group
+        try:
+            res = group.runners[0].adapter.recv()
+            frames = group.frames_of(res)
+        except Exception as err:
+            raise group.fail(0, 'recv', err) from err
+        group.store_results(0, res, frames, group.last_actions(res.env_ids))
+        group.end_games()
+        return res.env_ids, eps
+
+    def step(self, members: np.ndarray, lanes: np.ndarray, actions: np.ndarray,
+             failures: list[Any]) -> bool:
+        """Send the received sub-envs' actions (their results come with a later receive, which
+        ends their games: nothing else is due now)."""
+        self._send(lanes, actions, failures)
+        return True
+
+    def abort(self, lanes: np.ndarray, actions: np.ndarray) -> None:
+        # The received sub-envs wait for actions: send the random ones (stored as usual).
+        self._send(lanes, actions, [])
+
+    def _send(self, lanes: np.ndarray, actions: np.ndarray, failures: list[Any]) -> None:
+        group = self.group
+        group.note_actions(lanes, actions)
+        try:
+            group.runners[0].adapter.send(actions, lanes)
+        except Exception as err:
+            group.fail(0, 'send', err, failures)
+
+
 class AsyncVectorAdapter(_VectorBase):
     """An engine with EnvPool's asynchronous API: ``async_reset()``, ``recv()``, ``send()``.
 
@@ -223,6 +266,8 @@ class AsyncVectorAdapter(_VectorBase):
 
     is_async = True
     controls_resets = False
+    stepping = AsyncSteps
+    plans_starts = False      # seeded when made; starts its episodes itself (autoreset)
 
     def __init__(self, player: Any) -> None:
         super().__init__(player)
