@@ -141,15 +141,12 @@ if __name__ == '__main__':
 from expreplay import require_extra  # noqa: E402
 
 require_extra('examples/dqn_minatar_torch.py', 'minatar')
-try:
-    import torch
-except ImportError as err:   # names the extra, not a bare 'No module named torch'
-    raise ImportError("examples/dqn_minatar_torch.py needs the torch extra (PyTorch): "
-                      "pip install 'expreplay[torch]'", name='torch') from err
+require_extra('examples/dqn_minatar_torch.py', 'torch')
 
 import gymnasium as gym  # noqa: E402
 import minatar.gym  # noqa: E402
 import numpy as np  # noqa: E402
+import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 

@@ -17,6 +17,7 @@ EXTRA_MODULES = {
     'envpool': ('envpool',),
     'minatar': ('minatar', 'gymnasium'),
     'jax': ('jax', 'flax', 'optax'),
+    'torch': ('torch',),
     'test': ('pytest', 'pytest_timeout', 'xdist', 'tqdm', 'matplotlib', 'mypy'),
 }
 # 'all' is every extra above (pyproject.toml: expreplay[atari,tensorpack,...,test]).
