@@ -319,7 +319,8 @@ class ActingGroup:
         return make_record(runner.index, self._lane_env[game.lane], game.game, start.seed,
                            start.kind, game.score, game.length, game.terminated, game.truncated,
                            game.life_losses, game.started_at, options=start.options,
-                           restored_from=None if start.restore is None else start.restore.origin)
+                           restored_from=None if start.restore is None else start.restore.origin,
+                           frames=self.memory.num_steps_written)
 
     # ------------------------------------------------------------------ what the stepping hands
     # The stepping (envs.Stepping) makes a step's env calls and hands the results here.

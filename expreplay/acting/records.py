@@ -46,6 +46,10 @@ class EpisodeRecord(NamedTuple):
         end_time: Unix time of the end.
         options: the reset options it was started with, or None.
         restored_from: the origin of the :class:`RestartPoint` of a restart, else None.
+        frames: the memory's steps written when the record was made, the episode's last step
+            included (a restored memory's count too, and the steps other players stored
+            meanwhile): the env-step clock of a learning curve. A game of the initial fill
+            ended at ``frames <= init_memory_size``. 0 in a log written before it was recorded.
     """
     runner: int
     env_index: int
@@ -62,6 +66,7 @@ class EpisodeRecord(NamedTuple):
     end_time: float = 0.0
     options: dict[str, Any] | None = None
     restored_from: dict[str, Any] | None = None
+    frames: int = 0
 
     def to_json(self) -> str:
         """One line of JSON (no newline); options that JSON can not hold are written as repr."""
@@ -205,8 +210,9 @@ class EpisodeTotals:
 def make_record(runner: int, env_index: int, episode: int, seed: int | None, start_kind: str,
                 score: float, length: int, terminated: bool, truncated: bool, life_losses: int,
                 started_at: float, options: dict[str, Any] | None = None,
-                restored_from: dict[str, Any] | None = None) -> EpisodeRecord:
-    """Build an :class:`EpisodeRecord` from the runner's counters (``started_at``: monotonic)."""
+                restored_from: dict[str, Any] | None = None, *, frames: int) -> EpisodeRecord:
+    """Build an :class:`EpisodeRecord` from the runner's counters (``started_at``: monotonic;
+    ``frames``: the memory's steps written)."""
     # Floored so that steps_per_sec stays a finite float (valid JSON) for a zero-length clock tick.
     wall = max(time.monotonic() - started_at, 1e-9)
     return EpisodeRecord(
@@ -215,4 +221,4 @@ def make_record(runner: int, env_index: int, episode: int, seed: int | None, sta
         length=int(length), terminated=bool(terminated), truncated=bool(truncated),
         life_losses=int(life_losses), wall_time=wall,
         steps_per_sec=length / wall, end_time=time.time(),
-        options=options, restored_from=restored_from)
+        options=options, restored_from=restored_from, frames=int(frames))

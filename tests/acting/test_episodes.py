@@ -324,7 +324,8 @@ def test_episode_log_lines_parse_and_are_typed(tmp_path):
     assert len(lines) == totals.snapshot().episodes == log.records_written >= 4
     types = dict(runner=int, env_index=int, episode=int, seed=int, start_kind=str, score=float,
                  length=int, terminated=bool, truncated=bool, life_losses=int, wall_time=float,
-                 steps_per_sec=float, end_time=float, options=dict, restored_from=type(None))
+                 steps_per_sec=float, end_time=float, options=dict, restored_from=type(None),
+                 frames=int)
     for k, line in enumerate(lines):
         data = json.loads(line)
         assert set(data) == set(types)
@@ -333,6 +334,8 @@ def test_episode_log_lines_parse_and_are_typed(tmp_path):
         assert data['episode'] == k and data['seed'] == 3 and data['options'] == {'mode': 2}
     records = read_episode_log(path)
     assert [r.length for r in records] == [(5, 3, 8)[k % 3] for k in range(len(lines))]
+    # One runner alone: each record's frames is the steps stored up to its episode's end.
+    assert [r.frames for r in records] == list(np.cumsum([r.length for r in records]))
     assert records[1].truncated and records[0].terminated
 
     # A line cut by a crash is skipped; damage anywhere else is an error.

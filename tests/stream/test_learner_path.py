@@ -9,7 +9,7 @@ import pytest
 from expreplay import Population, ReplayMemory, ReplayStream, Sampling
 from scripted_env import ScriptedEnv
 from expreplay.stream import replay_stream, watch
-from test_stream import EnvFactory, _scripted_vector, make_stream, our_threads, prefer
+from test_stream import EnvFactory, _scripted_vector, make_stream, our_threads, prefer, take
 
 
 def test_an_exploration_schedule_is_read_at_the_steps_stored():
@@ -140,3 +140,20 @@ def test_a_learner_counts_frames_by_the_memory_s_steps_written(tmp_path):
         assert stream.resumed
         first = next(iter(stream))
         assert first is not None and stream.memory.num_steps_written == 100 + 29 * 4
+
+
+def test_every_episode_s_return_comes_with_its_frame_the_fill_s_told_apart():
+    # A learning curve of every episode (the fill's included), as a returns file wants it:
+    # each record says the frames stored when it ended; the fill's end at frames <= fill.
+    # The stream's own window (stats(), from the fill's end) counts only the games after it.
+    records = []
+    with make_stream(EnvFactory(episode_lengths=(9, 4)), prefer(1), num_parallel_players=1,
+                     init_memory_size=100, update_frequency=4, prefetch=0,
+                     on_episode_end=records.append) as stream:
+        take(iter(stream), 50)
+        stats = stream.stats()
+    frames = [r.frames for r in records]
+    assert frames == list(np.cumsum([r.length for r in records]))   # one player: exact
+    fill = [r for r in records if r.frames <= 100]
+    assert fill and len(fill) < len(records)
+    assert stats.games == len(records) - len(fill)
