@@ -67,10 +67,11 @@ machine (docs/acting.md, "A lag that does not move with load").
 The weights' age: ``--weights-every N`` hands the learner's weights to the players every N
 updates instead of after each (what a learner whose hand-over costs, a GPU's device-to-host
 copy, may want to do less often), so the acting weights are 1 to N updates old. The last line
-gives both lags, counted after the initial fill (``DataLags``): the request lag (mean and max)
-and the age of the weights each greedy action was computed with (mean and max, in updates; 1
-when they are handed over after each update and one player steps inline). ``examples/staleness_learning.py`` and docs/staleness_learning.md: what each costs
-learning.
+gives both lags as the stream counts them (``stream.stats().lags``, from the first update on):
+the request lag (mean and max) and the age of the weights each greedy action was computed with
+(mean and max, in updates: exactly K, the updates per call, when they are handed over after
+each call and one player steps inline). ``examples/staleness_learning.py`` and
+docs/staleness_learning.md: what each costs learning.
 
 Checkpoints: ``--checkpoint-dir DIR`` saves, every ``--checkpoint-every`` frames and at the end
 (also on Ctrl-C, or on ``kill``'s SIGTERM for a run in the background, whose Ctrl-C the
@@ -94,7 +95,6 @@ the end; the last line gives the frames, the games, the time and the two lags (a
 """
 
 import argparse
-import collections
 import csv
 import os
 import threading
@@ -348,20 +348,18 @@ class GreedyPolicy:
     the first).
     """
 
-    def __init__(self, params, lags=None):
-        self.lags = lags   # DataLags told of the weights' version each call acts with, or None
+    def __init__(self, params):
         self.load(params)
 
     def load(self, params, version=0):
-        """Act with ``params`` from now on; ``version``: the updates they are the result of."""
+        """Act with ``params`` from now on; ``version``: the updates they are the result of.
+        The library counts the weights' age from the predictor's assignment
+        (``stream.predictor = policy`` after a load: the hand-over)."""
         self.loaded = (jax.tree.map(np.asarray, params), version)
 
     def __call__(self, states):
         """States ``(n, 10, 10, C, 1)`` (one frame each) -> Q-values ``(n, num_actions)``."""
-        params, version = self.loaded
-        if self.lags is not None:
-            self.lags.acted(version, len(states))
-        return q_values(params, states[..., 0])
+        return q_values(self.loaded[0], states[..., 0])
 
 
 class EpisodeLog:
@@ -394,7 +392,7 @@ class EpisodeLog:
 
     def __call__(self, record):   # the stream's on_episode_end, after the episode's steps are stored
         with self.lock:
-            frame = self.memory.num_steps_written
+            frame = record.frames        # the frames stored when it ended, the fill's included
             self.rows.append((frame, record.score))
             if self.writer:
                 self.writer.writerow([frame, record.score])
@@ -412,89 +410,25 @@ class EpisodeLog:
                 self.file = self.writer = None
 
 
-class DataLags:
-    """The two lags of the data, counted after the initial fill.
-
-    Request lag, as ``examples/tune_staleness.py`` measures it, at each env step's start: the
-    learner updates made between the step's request and its start. The requests start in the order they were made
-    (the manager's window is first in, first out), so the k-th env step started is the k-th
-    requested; requests made before the first update (the fill's) are not counted.
-
-    Weights' age: the learner updates made when a greedy action is computed since the weights
-    it is computed with were made (their version: the update count they are the result of,
-    handed over with them), counted once per state.
-    """
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.updates = 0                      # updates dispatched (the training loop sets it)
-        self.requests = collections.deque()   # the update count at each request not started
-        self.request = LagTally()
-        self.age = LagTally()
-
-    def requested(self):
-        with self.lock:
-            self.requests.append(self.updates)
-
-    def started(self):
-        with self.lock:
-            at = self.requests.popleft() if self.requests else 0
-            if at:
-                self.request.add(self.updates - at)
-
-    def acted(self, version, states):
-        with self.lock:
-            if self.updates:
-                self.age.add(self.updates - version, states)
-
-    def summary(self):
-        """The last line's account of both lags."""
-        with self.lock:
-            return (f"mean request lag {self.request.mean():.2f} updates (max "
-                    f"{self.request.max}), acting weights' mean age {self.age.mean():.2f} "
-                    f"updates (max {self.age.max})")
-
-
-class LagTally:
-    """Mean and maximum of lags added one at a time (the caller holds the lock)."""
-
-    def __init__(self):
-        self.total = self.count = self.max = 0
-
-    def add(self, lag, times=1):
-        self.total += lag * times
-        self.count += times
-        self.max = max(self.max, lag)
-
-    def mean(self):
-        return self.total / self.count if self.count else 0.0
-
-
-class LaggedPopulation(Population):
-    """The stream's population, telling ``lag`` of each step request it makes."""
-
-    def __init__(self, *args, lag, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.lag = lag
-
-    def step(self, exploration):
-        self.lag.requested()
-        super().step(exploration)
-
-
 class StartProbe(gym.Wrapper):
-    """A player's env, telling ``lag`` when it starts a step; ``seconds``: what each step also
-    sleeps (``--env-ms``)."""
+    """A player's env whose every step also sleeps ``seconds`` (``--env-ms``): an emulator that
+    slow, the GIL released."""
 
-    def __init__(self, env, lag, seconds=0.0):
+    def __init__(self, env, seconds=0.0):
         super().__init__(env)
-        self.lag, self.seconds = lag, seconds
+        self.seconds = seconds
 
     def step(self, action):
-        self.lag.started()
         if self.seconds:
             time.sleep(self.seconds)
         return self.env.step(action)
+
+
+def lag_summary(lags):
+    """The last line's account of the stream's two lags (a DataLagStats), in updates."""
+    request, age = lags.request_lag, lags.weights_age
+    return (f"mean request lag {request.mean or 0:.2f} updates (max {request.max or 0}), "
+            f"acting weights' mean age {age.mean or 0:.2f} updates (max {age.max or 0})")
 
 
 def resources():
@@ -574,8 +508,7 @@ def train(args):
     resumed_updates = updates
     seed = args.seed + (learner_frames or 0)   # the random draws after a resume: new, but reproducible
 
-    lag = DataLags()
-    policy = GreedyPolicy(state[0], lag)
+    policy = GreedyPolicy(state[0])
     memory = ReplayMemory(args.memory_size, (10, 10, channels), 1, 'bool',
                           prioritized=args.prioritized)
     episodes = EpisodeLog(args.returns, memory)
@@ -583,10 +516,10 @@ def train(args):
         memory,
         # One player: the paper's one env, stepped inline by this thread; more: the simulator
         # threads step them, up to --staleness requests pending.
-        LaggedPopulation(lambda: StartProbe(make_env(args.game), lag, args.env_ms / 1000), args.players, policy,
-                         lag=lag, maximum_staleness=args.staleness, seed=seed,
-                         request_lag=args.request_lag and args.request_lag // per_call,
-                         on_episode_end=episodes),
+        Population(lambda: StartProbe(make_env(args.game), args.env_ms / 1000), args.players, policy,
+                   maximum_staleness=args.staleness, seed=seed,
+                   request_lag=args.request_lag and args.request_lag // per_call,
+                   on_episode_end=episodes),
         # One update per frame: per_call minibatches drawn at once for per_call frames.
         Sampling(args.batch_size * per_call, update_frequency=per_call, n_step=args.n_step,
                  gamma=args.gamma, seed=seed,
@@ -620,16 +553,19 @@ def train(args):
     try:
         try:
             with stream:   # closing stops the players, joins every thread and saves the memory
+                stream.count_updates(0)   # this loop counts its updates (K a call) itself
                 for batch in stream:   # frames stepped (the previous weights act), then a batch drawn
                     # Dispatch the update: it computes while the loop goes on (JAX's async dispatch).
                     new_state, td = update(state, batch.state[..., 0], batch.action, batch.reward,
                                            batch.next_state[..., 0], batch.discount, batch.weights)
                     if crossed(updates - per_call, updates, args.weights_every):
-                        # The weights before this update act for the next frames.
+                        # The weights before this update act for the next frames; assigning
+                        # the predictor is the hand-over the stream counts their age from.
                         policy.load(state[0], updates - resumed_updates)
+                        stream.predictor = policy
                     state = new_state
                     updates += per_call
-                    lag.updates = updates - resumed_updates
+                    stream.count_updates(per_call)   # the lags' clock: updates, not calls
                     if crossed(updates - per_call, updates, args.target_update):
                         state = (state[0], state[0], state[2])
                     stored, queued = stream.population.progress()
@@ -679,7 +615,7 @@ def train(args):
                 save_learner(learner_file, state, {'frames': frames, 'updates': updates})
         print(resources(), flush=True)
         print(f"training done: {frames} frames, {len(episodes.rows)} games in "
-              f"{time.time() - start:.0f} s, {lag.summary()}", flush=True)
+              f"{time.time() - start:.0f} s, {lag_summary(stream.stats().lags)}", flush=True)
     except KeyboardInterrupt:
         # Said saved only if the learner's file holds this frame (the memory saved at it).
         raise Stopped(frames if saved_frame(learner_file) == frames else None) from None

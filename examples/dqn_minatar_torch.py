@@ -246,7 +246,7 @@ class EpisodeLog:
 
     def __call__(self, record):   # the population's on_episode_end, once the episode is stored
         with self.lock:
-            frame = self.memory.num_steps_written
+            frame = record.frames        # the frames stored when it ended, the fill's included
             self.rows.append((frame, record.score))
             if self.writer:
                 self.writer.writerow([frame, record.score])
