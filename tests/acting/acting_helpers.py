@@ -164,6 +164,10 @@ class RecordingMemory:
         self.state_shape, self.dtype, self.history_len = self.mem.state_shape, self.mem.dtype, self.mem.history_len
         self.lanes = []
 
+    @property
+    def num_steps_written(self):
+        return self.mem.num_steps_written
+
     def new_batch_writer(self, k):
         lanes = [[] for _ in range(k)]
         self.lanes.extend(lanes)

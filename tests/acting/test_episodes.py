@@ -461,6 +461,10 @@ class LaneLog:
         self.history_len = self.mem.history_len
         self.episodes = []    # [{'frames': [...], 'actions': [...], 'rewards': [...], ...}]
 
+    @property
+    def num_steps_written(self):
+        return self.mem.num_steps_written
+
     def new_batch_writer(self, k):
         log, inner = self, self.mem.new_batch_writer(k)
         current = [None] * k
