@@ -118,7 +118,7 @@ class ActingGroup:
         self._policy = EpsilonGreedy([r.rng for r in runners], self.runner_lanes, self.num_actions)
         # Lane -> (its runner's position, its sub-env's index in that runner).
         self._lane_runner = np.repeat(np.arange(len(runners)), sizes)
-        self._lane_runners = self._lane_runner.tolist()     # read per stored step
+        self._lanes_are_positions = self.num_lanes == len(runners)   # one env per runner
         self._lane_env = np.concatenate([np.arange(s) for s in sizes])
         self._lanes = LaneEpisodes(np.repeat([r.life_loss_terminal for r in runners], sizes),
                                    self.memory, self._format.state_shape, self._format.dtype)
@@ -346,8 +346,9 @@ class ActingGroup:
                 return False
         else:
             self._lanes.store(lanes, actions, *rows)
-        runners, lane_runners = self.runners, self._lane_runners
-        EnvRunner.count_step_of([runners[lane_runners[lane]] for lane in lanes.tolist()])
+        # A lane's runner position: the lane itself when every runner has one env.
+        EnvRunner.count_step_of(self.runners, lanes.tolist() if self._lanes_are_positions
+                                else self._lane_runner[lanes].tolist())
         self.inserted += len(lanes)
         if self._observers:
             self._stored(lanes, actions)

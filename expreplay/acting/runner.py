@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -218,11 +218,11 @@ class EnvRunner:
         self.steps += n
 
     @staticmethod
-    def count_step_of(runners: Iterable[EnvRunner]) -> None:
-        """One more step of each of ``runners`` is stored (a runner named twice: two): what an
-        acting group of single envs tells, in one call per step rather than one per runner."""
-        for runner in runners:
-            runner.steps += 1
+    def count_step_of(runners: Sequence[EnvRunner], positions: Iterable[int]) -> None:
+        """One more step of ``runners[k]`` for each ``k`` of ``positions`` is stored (named twice:
+        two): what an acting group tells, in one call per step rather than one per runner."""
+        for k in positions:
+            runners[k].steps += 1
 
     def record_game(self, score: float, length: int) -> None:
         """A game ended with ``score`` after ``length`` steps (the acting group tells). Thread-safe."""
