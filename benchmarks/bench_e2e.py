@@ -167,7 +167,7 @@ class Ours:
     """The stream with its defaults, or those of ``args`` (and a variant's settings)."""
 
     def __init__(self, players, predictor, args, variant=None, clock=None):
-        from expreplay import Population, ReplayMemory, ReplayStream, Sampling
+        from expreplay import ManagerSettings, Population, ReplayMemory, ReplayStream, Sampling
         settings = dict(prefetch=args.prefetch, maximum_staleness=args.staleness,
                         simulator_threads=args.simulator_threads)
         self.label = 'expreplay'
@@ -190,14 +190,13 @@ class Ours:
             # returning the 1/K of them that are ready first
             get_player, players = vector_pong(players, players // settings['async']), 1
         get_player = counted(get_player, clock)
-        manager = ({} if settings['simulator_threads'] is None
-                   else {'simulator_threads': settings['simulator_threads']})
+        manager = ManagerSettings(simulator_threads=settings['simulator_threads'])
         prefetch = {} if settings['prefetch'] is None else {'prefetch': settings['prefetch']}
         self.stream = ReplayStream(
             ReplayMemory(args.memory_size, FRAME, HISTORY),
             Population(get_player, players, predictor,
                        maximum_staleness=settings['maximum_staleness'], seed=0,
-                       manager_kwargs=manager),
+                       manager=manager),
             Sampling(BATCH, UPDATE_FREQUENCY, seed=0), args.init_memory_size, progress=False,
             **prefetch)
         self.stream.start()

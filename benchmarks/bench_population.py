@@ -257,10 +257,11 @@ def drive(step, count, warmup, seconds):
 
 
 def ours(players, predictor, staleness, warmup, seconds, memory_size):
-    from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
+    from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory, RunnerSettings
     mem = ReplayMemory(memory_size, FRAME, HISTORY)
     mem.ring.frames.fill(0)     # steady state: a memory that has wrapped has its pages mapped
-    runners = [EnvRunner(p, predictor, mem, HISTORY, index=i, close_player=False)
+    keep_players = RunnerSettings(close_player=False)
+    runners = [EnvRunner(p, predictor, mem, HISTORY, settings=keep_players, index=i)
                for i, p in enumerate(players)]
     with EnvRunnerManager(runners, staleness) as mgr:
         rate = drive(mgr.step, lambda: sum(p.steps for p in players), warmup, seconds)

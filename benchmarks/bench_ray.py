@@ -67,8 +67,9 @@ def make_pong(sticky):
 def run(players, predictor, memory, staleness, exploration, warmup, seconds, ray_envs=()):
     """steps/s written to ``memory`` by runners over ``players``; and the Ray traffic over the
     measured seconds: (steps/s, {stat: value})."""
-    from expreplay import EnvRunner, EnvRunnerManager
-    runners = [EnvRunner(p, predictor, memory, HISTORY, index=i, close_player=False)
+    from expreplay import EnvRunner, EnvRunnerManager, RunnerSettings
+    keep_players = RunnerSettings(close_player=False)
+    runners = [EnvRunner(p, predictor, memory, HISTORY, settings=keep_players, index=i)
                for i, p in enumerate(players)]
     with EnvRunnerManager(runners, staleness) as mgr:
         deadline = time.perf_counter() + warmup

@@ -91,6 +91,8 @@ from atari_wrappers import FRAME_SHAPE, make_env  # noqa: E402
 from dqn_eval import evaluate  # noqa: E402
 from dqn_model import DQNModel, PrioritizedNStepDQN  # noqa: E402
 import gymnasium as gym  # noqa: E402
+from expreplay import ManagerSettings, RunnerSettings  # noqa: E402
+from expreplay.tensorpack_io import CLOSE_TIMEOUT  # noqa: E402
 from tensorpack import (Callback, OfflinePredictor, PeriodicTrigger, PredictConfig,  # noqa: E402
                         QueueInput, ScheduledHyperParamSetter, SimpleTrainer, SmartInit,
                         TrainConfig, launch_train_with_config, logger)
@@ -124,8 +126,10 @@ def start_training(args, num_actions):
         training_steps=args.max_epoch * args.steps_per_epoch,
         acting=dict(
             maximum_staleness=args.maximum_staleness,
-            runner_kwargs={'life_loss_terminal': not args.no_life_loss},
-            manager_kwargs={'simulator_threads': args.simulator_threads} if args.simulator_threads else None),
+            runner=RunnerSettings(life_loss_terminal=not args.no_life_loss),
+            # ExpReplay's close timeout too: the threads end before the Session.
+            manager=ManagerSettings(simulator_threads=args.simulator_threads or None,
+                                    close_timeout=CLOSE_TIMEOUT)),
         # Saved when training ends (and every k epochs); --resume loads it instead of refilling.
         checkpoint_dir=args.logdir, checkpoint_every_k_epochs=args.save_memory_every or None)
     callbacks = [

@@ -145,7 +145,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from ale_py.vector_env import AtariVectorEnv  # noqa: E402
 
-from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
+from expreplay import Population, ReplayMemory, ReplayStream, RunnerSettings, Sampling  # noqa: E402
 from expreplay.interrupts import stop_on_signals  # noqa: E402
 
 HISTORY = 4   # frames per state
@@ -273,7 +273,7 @@ def train(args):
         # it at every step request, the first learning_starts steps' included.
         exploration=lambda steps: epsilon(steps, args),
         on_episode_end=lambda record: scores.append(record.score),
-        runner_kwargs={'life_loss_terminal': True})
+        runner=RunnerSettings(life_loss_terminal=True))
     memory = ReplayMemory(args.buffer_size, (84, 84), history_len=HISTORY, dtype='uint8')
     stream = ReplayStream(
         memory,

@@ -96,7 +96,7 @@ import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from ale_py.vector_env import AtariVectorEnv  # noqa: E402
 
-from expreplay import Population, ReplayMemory, ReplayStream, Sampling  # noqa: E402
+from expreplay import Population, ReplayMemory, ReplayStream, RunnerSettings, Sampling  # noqa: E402
 from expreplay.interrupts import stop_on_signals  # noqa: E402
 
 HISTORY = 4   # frames per state
@@ -184,7 +184,7 @@ def train(args):
         # CleanRL's epsilon, given once as a schedule of the agent steps stored.
         exploration=lambda steps: epsilon(steps, args),
         on_episode_end=lambda record: scores.append(record.score),
-        runner_kwargs={'life_loss_terminal': True})
+        runner=RunnerSettings(life_loss_terminal=True))
     memory = ReplayMemory(args.buffer_size, (84, 84), history_len=HISTORY, dtype='uint8')
     stream = ReplayStream(
         memory, population,

@@ -65,7 +65,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))   # the sibling example modules
 
-from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory  # noqa: E402
+from expreplay import EnvRunner, EnvRunnerManager, ManagerSettings, ReplayMemory  # noqa: E402
 from staleness_learning import learning_cost  # noqa: E402
 
 
@@ -240,7 +240,7 @@ def measure(args, make_player, frame_shape, dtype, history, predictor, players, 
                          index=i) for i in range(players)]
     rng = np.random.default_rng(args.seed)
     threads = {'auto': None, 'one': 1, 'per-player': players}[args.simulator_threads]
-    with EnvRunnerManager(runners, staleness, simulator_threads=threads) as manager:
+    with EnvRunnerManager(runners, staleness, settings=ManagerSettings(simulator_threads=threads)) as manager:
         # Fill with the measuring epsilon, so that the predictor is warm too.
         while memory.num_steps_written < max(args.init_memory_size, args.batch_size):
             probe.issue()

@@ -18,6 +18,8 @@ __version__ = '0.1.0'
 _LAZY = {
     'EnvRunner': '.acting',
     'EnvRunnerManager': '.acting',
+    'RunnerSettings': '.acting',
+    'ManagerSettings': '.acting',
     'ExpReplay': '.tensorpack_io',
     'ReplayStream': '.stream',
     'Sampling': '.stream',

@@ -2,6 +2,8 @@
 
 The layer itself lives in modules with one job each:
 
+* :mod:`expreplay.acting.settings`: :class:`RunnerSettings` and :class:`ManagerSettings` (the
+  typed settings of the runners and of their manager);
 * :mod:`expreplay.acting.runner`: :class:`EnvRunner` (one environment and its counters);
 * :mod:`expreplay.acting.group`: :class:`ActingGroup` (the one acting path: several runners'
   sub-envs stepped as one batch, their stepping state, and the env calls that start episodes),
@@ -28,6 +30,8 @@ from ..errors import CallTimeout, EnvError, ManagerClosed, PredictorError, Runne
 from .inference import InferenceThread
 from .manager import EnvRunnerManager
 from .population import Population
+from .settings import ManagerSettings, RunnerSettings
 
-__all__ = ['EnvRunner', 'EnvRunnerManager', 'ActingGroup', 'InferenceThread', 'RunnerError',
-           'EnvError', 'PredictorError', 'ManagerClosed', 'CallTimeout']
+__all__ = ['EnvRunner', 'EnvRunnerManager', 'RunnerSettings', 'ManagerSettings', 'ActingGroup',
+           'InferenceThread', 'RunnerError', 'EnvError', 'PredictorError', 'ManagerClosed',
+           'CallTimeout']

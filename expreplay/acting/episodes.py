@@ -31,7 +31,7 @@ game of several lives is one episode). It may also have
   the sub-environment's current state (only for players that can clone their state: set the
   attribute ``needs_emulator_state = True`` to have runners refuse other players at once).
 
-One scheduler object is usually shared by all runners (``runner_kwargs`` of the stream), so its
+One scheduler object is usually shared by all runners (a population's ``episode_starts``), so its
 methods are called from several simulator threads at once: the built-ins are thread-safe, and
 their choices depend only on ``(runner_index, env_index, episode_index)``, never on the order in
 which threads call them, which is what makes two runs with the same seeds play the same episodes.

@@ -26,21 +26,19 @@ from .group import ActingGroup
 from ..errors import EnvError, ManagerClosed, RunnerError
 from .inference import InferenceThread
 from .runner import EnvRunner
+from .settings import ManagerSettings, check_settings
 from .simulator import SimulatorThread, close_group
 from ..stats import ManagerStats
 from .stats import ActingStats, ScoreWindow
 from ..lags import DataLags
 from .window import InsertedSteps, StalenessWindow
 
-__all__ = ['EnvRunnerManager', 'DEFAULT_CLOSE_TIMEOUT']
-
-#: Seconds :meth:`EnvRunnerManager.close` waits for the threads, unless told otherwise.
-DEFAULT_CLOSE_TIMEOUT = 5.0
+__all__ = ['EnvRunnerManager']
 
 
 def plan_groups(runners: Sequence[EnvRunner], simulator_threads: int | None) -> list[list[ActingGroup]]:
     """The acting groups of each simulator thread (the manager's own, each runner in one):
-    ``simulator_threads`` as :class:`EnvRunnerManager` documents it."""
+    ``simulator_threads`` as :class:`~expreplay.acting.settings.ManagerSettings` documents it."""
     n = len(runners)
     # Whether a runner is pooled is its stepping's word (envs.Stepping.pools_runners): single
     # envs, whose steps hold the GIL, are; a vector or asynchronous engine is not.
@@ -80,27 +78,11 @@ class EnvRunnerManager:
         env_runners (list): the runners. With one runner, :meth:`step` runs it inline in the
             caller's thread (no threads at all).
         maximum_staleness (int): how many step requests may be unfinished at once (see below).
-        simulator_threads (int, optional): how many simulator threads step the runners.
-            None (default): chosen for what the runners are. Single-env runners (whose env
-            steps hold the GIL, like single ALE envs) share one *pipelined* thread; each vector
-            or asynchronous runner (``AtariVectorEnv``, EnvPool, Ray actors, whose engines step
-            outside the GIL) gets a thread of its own (as the runner's adapter's stepping says:
-            :attr:`~expreplay.acting.envs.Stepping.pools_runners`). ``len(env_runners)``: one thread per
-            runner, each stepping its runner alone (wins for envs that release the GIL while
-            stepping, e.g. subprocess vector envs, when there are cores to spare). ``k`` in
-            between: runner ``i`` goes to thread ``i % k``, pipelined.
-        max_inference_batch (int): at most this many states per predictor call.
-        max_restarts (int): times each runner may be restarted (:meth:`EnvRunner.restart`)
-            after its env raised, instead of failing the manager. Counted in :meth:`stats`.
-        close_timeout (float): seconds :meth:`close` waits for the threads in total
-            (``float('inf')``: as long as it takes).
-        call_timeout (float): seconds an env call (step, reset, receive) or a predictor call
-            may take before the manager fails with :class:`CallTimeout`, raised from
-            :meth:`step` and naming the thread and what it was doing (``float('inf')``: no
-            limit). Not enforced inline (one runner): the call runs in your own thread.
-        thread_context (callable, optional): returns a context manager that every thread this
-            manager starts enters first (e.g. ``lambda: sess.as_default()`` for TF1 sessions);
-            the predictor runs in these threads.
+        settings (ManagerSettings, optional): ``simulator_threads``, ``max_inference_batch``,
+            ``max_restarts``, ``close_timeout``, ``call_timeout`` and ``thread_context``,
+            documented at :class:`~expreplay.acting.settings.ManagerSettings`; None: its
+            defaults. Anything else raises TypeError. ``simulator_threads`` above the number
+            of runners raises ValueError.
         request_lag (int, optional): start each step request exactly this many learner
             updates after it was made (counted by ``lags``; see
             :mod:`expreplay.acting.window`), whatever the machine's speed or load: a lag that
@@ -149,11 +131,8 @@ class EnvRunnerManager:
     """
 
     def __init__(self, env_runners: Iterable[EnvRunner], maximum_staleness: int, *,
-                 simulator_threads: int | None = None, max_inference_batch: int = 32,
-                 max_restarts: int = 0, close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
-                 call_timeout: float = 120.0,
-                 thread_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
-                 request_lag: int | None = None, lags: DataLags | None = None) -> None:
+                 settings: ManagerSettings | None = None, request_lag: int | None = None,
+                 lags: DataLags | None = None) -> None:
         if isinstance(env_runners, EnvRunner) or not hasattr(env_runners, '__iter__'):
             raise TypeError(f"env_runners must be a list of EnvRunner, got {env_runners!r}")
         self._runners = list(env_runners)
@@ -168,22 +147,16 @@ class EnvRunnerManager:
         self.maximum_staleness = check_int(maximum_staleness, 'maximum_staleness', 1)
         n = len(self._runners)
         self.request_lag = None if request_lag is None else check_int(request_lag, 'request_lag', 1)
+        #: The settings it runs with (:class:`~expreplay.acting.settings.ManagerSettings`).
+        self.settings = settings = check_settings(settings, ManagerSettings, 'settings')
+        if settings.simulator_threads is not None:        # the record checked its minimum
+            check_int(settings.simulator_threads, 'simulator_threads', maximum=n)
         if self.request_lag is not None and n == 1:
             raise ValueError("request_lag needs two runners or more: a single runner steps "
                              "inline, when its request is made")
         #: The learner's update count and the data's lags (the caller's, or one of its own).
         self.lags = DataLags() if lags is None else lags
-        if simulator_threads is not None:
-            simulator_threads = check_int(simulator_threads, 'simulator_threads', 1, n)
-        self.max_restarts = check_int(max_restarts, 'max_restarts', 0)
-        self.close_timeout = check_timeout(close_timeout, 'close_timeout')
-        self.call_timeout = check_timeout(call_timeout, 'call_timeout')
-        if self.call_timeout == 0:
-            raise ValueError("call_timeout must be > 0 (float('inf'): no limit)")
-        if thread_context is not None and not callable(thread_context):
-            raise TypeError(f"thread_context must be a callable that returns a context manager "
-                            f"(e.g. a contextlib.contextmanager function), got {thread_context!r}")
-        self._thread_context = thread_context or contextlib.nullcontext
+        self._thread_context = settings.thread_context or contextlib.nullcontext
         self.stuck_threads: list[str] = []
         # One close() at a time. Re-entrant: a hold that a KeyboardInterrupt left in a close
         # cut short (between its acquire and its try) does not stop this thread's next close.
@@ -205,12 +178,27 @@ class EnvRunnerManager:
             self._groups = [self._inline]
             self.pipelined = False
         else:
-            plan = plan_groups(self._runners, simulator_threads)
+            plan = plan_groups(self._runners, settings.simulator_threads)
             self.pipelined = any(len(groups) > 1 for groups in plan)
-            self._start_threads(plan, max_inference_batch)
+            self._start_threads(plan, settings.max_inference_batch)
         self._watchdog = Watchdog(self.call_timeout, [s.activity for s in self._simulators],
                                   list(self._inference_threads.values()), self._faults)
         self._stats = ActingStats(self._runners, self._inference_counts)
+
+    @property
+    def max_restarts(self) -> int:
+        """Times each runner may be restarted (the settings' ``max_restarts``)."""
+        return self.settings.max_restarts
+
+    @property
+    def close_timeout(self) -> float:
+        """Seconds :meth:`close` waits for the threads (the settings' ``close_timeout``)."""
+        return self.settings.close_timeout
+
+    @property
+    def call_timeout(self) -> float:
+        """Seconds an env or predictor call may take (the settings' ``call_timeout``)."""
+        return self.settings.call_timeout
 
     def _start_threads(self, plan: list[list[ActingGroup]], max_inference_batch: int) -> None:
         for groups in plan:

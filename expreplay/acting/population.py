@@ -18,9 +18,7 @@ memory itself can drive it alone::
 
 from __future__ import annotations
 
-import collections.abc
 import contextlib
-import inspect
 import logging
 import math
 import os
@@ -36,7 +34,8 @@ from .exploration import Exploration, ExplorationArg
 from ..lags import DataLags
 from .episodes import EPISODE_LOG_FILENAME, EpisodeLog, EpisodeRecord, EpisodeTotals
 from .runner import EnvRunner
-from .manager import DEFAULT_CLOSE_TIMEOUT, EnvRunnerManager
+from .manager import EnvRunnerManager
+from .settings import ManagerSettings, RunnerSettings, check_settings
 
 if TYPE_CHECKING:
     from ..storage.memory import ReplayMemory
@@ -44,11 +43,6 @@ if TYPE_CHECKING:
 __all__ = ['Population', 'PredictorSlot']
 
 logger = logging.getLogger(__name__)
-
-# Keyword arguments the population sets itself (runner_kwargs may still override seed, index
-# and player_factory, and give episode_starts / on_episode_end, which the population combines).
-_SETS_FOR_RUNNER = ('player', 'predictor', 'memory', 'history_len')
-_SETS_FOR_MANAGER = ('env_runners', 'maximum_staleness', 'request_lag', 'lags')
 
 
 class PredictorSlot:
@@ -105,7 +99,7 @@ class Population:
             (``reset() -> obs``, 4-tuple ``step``), a gymnasium VectorEnv, an EnvPool or a
             :class:`~expreplay.ray.RayVectorEnv`. Called once per player (the first when a
             stream checks the observation space, see :meth:`check_fits`), and again to
-            replace a player that crashed when ``manager_kwargs`` allows restarts.
+            replace a player that crashed when ``manager`` allows restarts.
         num_players (int): players, i.e. runners (a vector player counts once).
         predictor: the Q-function, ``predictor(states)`` with ``states`` of shape
             ``(n, *state_shape, history_len)`` (channels-last, oldest frame first, the memory's
@@ -115,7 +109,7 @@ class Population:
             first is the Q-values (tensorpack's convention). With several players it is called
             from one inference thread (never concurrently), with one player from the thread
             that requests the steps (a stream's prefetch thread, which enters
-            ``manager_kwargs['thread_context']`` if given). None is allowed while
+            ``manager``'s ``thread_context`` if given). None is allowed while
             ``exploration`` is 1 (no greedy action is needed); see :attr:`predictor`.
         exploration (float or callable): epsilon of the epsilon-greedy runners, in [0, 1]:
             a number (assign :attr:`exploration` to change it), or a schedule
@@ -141,15 +135,13 @@ class Population:
             name may be changed until :meth:`start`.
         on_episode_end (callable): called with every
             :class:`~expreplay.acting.episodes.EpisodeRecord`, from the simulator threads.
-        runner_kwargs (dict): more keyword arguments for every :class:`~expreplay.EnvRunner`
-            (e.g. ``life_loss_terminal=True`` for Atari); a key EnvRunner does not take, or
-            one the population sets itself, is refused here.
-        manager_kwargs (dict): more keyword arguments (checked the same way) for the
-            :class:`~expreplay.EnvRunnerManager` (e.g. ``max_restarts``,
-            ``max_inference_batch``, ``close_timeout``). ``simulator_threads`` keeps the
-            manager's default (single-env players share one pipelined thread, each vector
-            player gets its own); ``num_players`` gives one thread per player (envs that
-            release the GIL, with cores to spare).
+        runner (RunnerSettings): the settings of every :class:`~expreplay.EnvRunner`, e.g.
+            ``RunnerSettings(life_loss_terminal=True)`` for Atari; None: the defaults.
+        manager (ManagerSettings): the settings of the :class:`~expreplay.EnvRunnerManager`,
+            e.g. ``ManagerSettings(max_restarts=3, close_timeout=60)``; None: the defaults
+            (single-env players share one pipelined thread, each vector player gets its own;
+            ``simulator_threads=num_players`` gives one thread per player). Anything but the
+            record, a dict of keywords say, raises TypeError.
 
     Nothing is built until :meth:`start` (but :meth:`check_fits` builds the first player).
     A population serves one memory, once: started, closed, not restarted.
@@ -161,8 +153,8 @@ class Population:
                  request_lag: int | None = None, seed: int | None = None, episode_starts: Any = None,
                  episode_log_dir: str | os.PathLike | None = None,
                  on_episode_end: Callable[[EpisodeRecord], None] | None = None,
-                 runner_kwargs: collections.abc.Mapping[str, Any] | None = None,
-                 manager_kwargs: collections.abc.Mapping[str, Any] | None = None) -> None:
+                 runner: RunnerSettings | None = None,
+                 manager: ManagerSettings | None = None) -> None:
         self.get_player = check_callable(get_player, 'get_player')
         check_callable(predictor, 'predictor', allow_none=True)
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
@@ -175,18 +167,12 @@ class Population:
             raise ValueError("request_lag needs num_players >= 2: one player steps inline, when "
                              "its request is made")
         self.seed = check_seed(seed, 'seed')
-        self._runner_kwargs = _check_kwargs(runner_kwargs, 'runner_kwargs', EnvRunner,
-                                            _SETS_FOR_RUNNER)
-        runner_starts = self._runner_kwargs.pop('episode_starts', None)
-        if episode_starts is not None and runner_starts is not None:
-            raise ValueError("episode_starts is given twice (also in runner_kwargs)")
-        # `is None`, not `or`: a scheduler may define __len__ (an empty RestartPool is falsy).
-        self.episode_starts = episode_starts if episode_starts is not None else runner_starts
+        #: The settings given to every runner and to the manager.
+        self.runner_settings = check_settings(runner, RunnerSettings, 'runner')
+        self.manager_settings = check_settings(manager, ManagerSettings, 'manager')
+        self.episode_starts = episode_starts
         self.episode_log_dir = episode_log_dir
-        self._on_episode_end = [check_callable(on_episode_end, 'on_episode_end', allow_none=True),
-                                self._runner_kwargs.pop('on_episode_end', None)]
-        self._manager_kwargs = _check_kwargs(manager_kwargs, 'manager_kwargs', EnvRunnerManager,
-                                             _SETS_FOR_MANAGER)
+        self._on_episode_end = check_callable(on_episode_end, 'on_episode_end', allow_none=True)
         #: The learner's update clock (a stream ticks it) and the data's lags behind it.
         self.lags = DataLags()
         self._predictor = PredictorSlot(predictor, self.lags)
@@ -239,16 +225,15 @@ class Population:
 
     @property
     def thread_context(self) -> Callable[[], contextlib.AbstractContextManager] | None:
-        """``manager_kwargs['thread_context']`` when the population steps inline (one player:
-        the requesting thread makes the env and predictor calls and must enter it), else None."""
-        return self._manager_kwargs.get('thread_context') if self.num_players == 1 else None
+        """The manager settings' ``thread_context`` when the population steps inline (one
+        player: the requesting thread makes the env and predictor calls and must enter it),
+        else None."""
+        return self.manager_settings.thread_context if self.num_players == 1 else None
 
     @property
     def close_timeout(self) -> float:
-        """Seconds :meth:`close` waits for the threads (the manager's ``close_timeout``)."""
-        if self.manager is not None:
-            return self.manager.close_timeout
-        return float(self._manager_kwargs.get('close_timeout', DEFAULT_CLOSE_TIMEOUT))
+        """Seconds :meth:`close` waits for the threads (the manager settings' ``close_timeout``)."""
+        return self.manager_settings.close_timeout
 
     # ------------------------------------------------------------------ checks and start
     def check_fits(self, state_shape: tuple[int, ...], dtype: np.dtype, *,
@@ -322,20 +307,20 @@ class Population:
             self.close()
 
     def _build(self, memory: ReplayMemory, first: Any, staleness: int) -> None:
-        on_end = _Fanout([self.episode_totals, self.episode_log, *self._on_episode_end])
+        on_end = _Fanout([self.episode_totals, self.episode_log, self._on_episode_end])
         runners: list[EnvRunner] = []
         try:
             for index in range(self.num_players):
-                # player_factory lets the manager replace a crashed env (max_restarts).
-                kwargs = dict(dict(seed=self.seed, index=index, player_factory=self.get_player),
-                              **self._runner_kwargs)
                 player = first if index == 0 and first is not None else self.get_player()
+                # player_factory lets the manager replace a crashed env (max_restarts).
                 runners.append(EnvRunner(player, self._predictor, memory, memory.history_len,
+                                         settings=self.runner_settings, seed=self.seed,
+                                         index=index, player_factory=self.get_player,
                                          episode_starts=self.episode_starts,
-                                         on_episode_end=on_end, **kwargs))
+                                         on_episode_end=on_end))
             if len(runners) == 1:      # steps inline: starts no thread
-                self.manager = EnvRunnerManager(runners, staleness, request_lag=self.request_lag,
-                                                lags=self.lags, **self._manager_kwargs)
+                self.manager = EnvRunnerManager(runners, staleness, settings=self.manager_settings,
+                                                request_lag=self.request_lag, lags=self.lags)
             else:
                 self._start_manager(runners, staleness)
         except BaseException:
@@ -362,8 +347,8 @@ class Population:
 
         def build() -> None:
             try:
-                manager = EnvRunnerManager(runners, staleness, request_lag=self.request_lag,
-                                           lags=self.lags, **self._manager_kwargs)
+                manager = EnvRunnerManager(runners, staleness, settings=self.manager_settings,
+                                           request_lag=self.request_lag, lags=self.lags)
             except BaseException as err:
                 failed.append(err)
                 return
@@ -560,24 +545,6 @@ class _Fanout:
     def __call__(self, record: EpisodeRecord) -> None:
         for callback in self.callbacks:
             callback(record)
-
-
-def _check_kwargs(kwargs: collections.abc.Mapping[str, Any] | None, name: str, target: Any,
-                  reserved: tuple[str, ...]) -> dict[str, Any]:
-    """A copy of ``kwargs`` (None: empty) after checking that it is a mapping of keyword
-    arguments that ``target`` (EnvRunner or EnvRunnerManager) accepts."""
-    if kwargs is None:
-        return {}
-    if not isinstance(kwargs, collections.abc.Mapping):
-        raise TypeError(f"{name} must be a dict of keyword arguments for {target.__name__}, "
-                        f"got {kwargs!r}")
-    accepted = set(inspect.signature(target).parameters) - set(reserved)
-    for key in kwargs:
-        if key not in accepted:
-            hint = (f" (the Population sets {key!r} itself)" if key in reserved else
-                    f"; it takes {', '.join(sorted(accepted))}")
-            raise TypeError(f"{name}: {target.__name__} has no argument {key!r}{hint}")
-    return dict(kwargs)
 
 
 def _close_quietly(obj: Any) -> None:

@@ -7,7 +7,8 @@ about how transitions are stored or batched, nor which group steps it: an
 :class:`~expreplay.acting.group.ActingGroup` (built by an
 :class:`~expreplay.acting.manager.EnvRunnerManager`, or by whoever steps runners directly) owns
 the lanes of the runners it steps and their stepping state, and tells each runner what happened
-to its envs. This module imports no other part of the acting layer but the env adapters.
+to its envs. This module imports no other part of the acting layer but the env adapters and
+the settings record.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_bool, check_callable, check_int
+from .._checks import check_callable, check_int
 from .envs import adapt_env
+from .settings import RunnerSettings, check_settings
 
 __all__ = ['EnvRunner', 'MAX_KEPT_GAMES']
 
@@ -56,20 +58,17 @@ class EnvRunner:
             a manager from one thread at a time. None is allowed when exploration is always 1.
         memory: a :class:`expreplay.ReplayMemory`.
         history_len (int): frames per state; must equal the memory's.
+        settings (RunnerSettings, optional): ``life_loss_terminal``, ``num_actions`` and
+            ``close_player``, documented at :class:`~expreplay.acting.settings.RunnerSettings`;
+            None: its defaults. Anything else raises TypeError.
         seed (int, optional): base seed. The first reset is seeded with ``seed + index``
             (``seed + index * num_envs`` for a vector env, whose sub-envs take consecutive
             seeds); later resets continue each env's own random sequence. The exploration RNG
             is seeded from ``(seed, index)``. None: not reproducible.
         index (int): this runner's index among its siblings (seeding, names, messages).
-        num_actions (int, optional): needed only when ``player``'s action space is not Discrete.
-        life_loss_terminal (bool): Atari. A life lost (``info['lives']`` decreases) is stored as
-            a terminated step and the next step starts a new episode in the memory, without
-            resetting the env; the score counts the whole game, and the env is reset only when
-            the game is over (the DQN convention).
         player_factory (callable, optional): builds a fresh player; used by :meth:`restart`
             (the manager's ``max_restarts``) to replace an env that raised. Without it a
             restart resets the same player.
-        close_player (bool): :meth:`close` also closes the player.
         episode_starts (optional): an episode-start scheduler (see :mod:`expreplay.acting.episodes`):
             ``episode_starts.start(index, env_index, episode_index)`` decides the seed, reset
             options and possibly a saved state to restore for every reset this runner controls
@@ -80,6 +79,7 @@ class EnvRunner:
             from the thread that steps this runner, after the step is in the memory.
 
     Attributes:
+        settings (RunnerSettings): the settings it acts with.
         total_scores (list): score of every game finished (all lives), oldest first; emptied by
             :meth:`EnvRunnerManager.reset_stats` (at most the newest ``MAX_KEPT_GAMES`` kept).
         steps (int): environment steps taken and stored (all sub-environments, every group
@@ -96,10 +96,9 @@ class EnvRunner:
     """
 
     def __init__(self, player: Any, predictor: Callable[[np.ndarray], Any] | None, memory: Any,
-                 history_len: int, *, seed: int | None = None, index: int = 0,
-                 num_actions: int | None = None, life_loss_terminal: bool = False,
-                 player_factory: Callable[[], Any] | None = None, close_player: bool = True,
-                 episode_starts: Any = None,
+                 history_len: int, *, settings: RunnerSettings | None = None,
+                 seed: int | None = None, index: int = 0,
+                 player_factory: Callable[[], Any] | None = None, episode_starts: Any = None,
                  on_episode_end: Callable[[Any], Any] | None = None) -> None:
         if not callable(getattr(memory, 'new_batch_writer', None)) or getattr(memory, 'state_shape', None) is None:
             raise TypeError(f"memory must be a ReplayMemory (with new_batch_writer() and state_shape), "
@@ -119,15 +118,13 @@ class EnvRunner:
         self.index = check_int(index, 'index', 0)
         # Envs take non-negative seeds (gymnasium refuses others at the first reset).
         self._seed = None if seed is None else check_int(seed, 'seed', 0)
-        self.life_loss_terminal = check_bool(life_loss_terminal, 'life_loss_terminal')
+        self.settings = check_settings(settings, RunnerSettings, 'settings')
         if episode_starts is not None and not callable(getattr(episode_starts, 'start', None)):
             raise TypeError(f"episode_starts must have a start(runner_index, env_index, "
                             f"episode_index) method, got {type(episode_starts).__name__}")
         self.episode_starts = episode_starts
         self.on_episode_end = check_callable(on_episode_end, 'on_episode_end', allow_none=True)
         self._player_factory = check_callable(player_factory, 'player_factory', allow_none=True)
-        self._close_player = check_bool(close_player, 'close_player')
-        self._num_actions_arg = None if num_actions is None else check_int(num_actions, 'num_actions', 1)
         # True once the seeded first reset is done; a scheduler decides the seeds itself.
         self._seeded = self._seed is None or episode_starts is not None
         # The exploration draws: this runner's own stream, whatever group it is stepped in.
@@ -154,10 +151,10 @@ class EnvRunner:
             raise ValueError(f"player_factory built a player of another kind "
                              f"({type(adapter).__name__}, the runner was built for "
                              f"{type(self.adapter).__name__})")
-        n_act = self._num_actions_arg if self._num_actions_arg is not None else adapter.num_actions
+        n_act = self.settings.num_actions if self.settings.num_actions is not None else adapter.num_actions
         if n_act is None:
             raise TypeError(f"player {type(player).__name__} has no Discrete action space; "
-                            "pass num_actions=")
+                            "pass settings=RunnerSettings(num_actions=...)")
         if getattr(self.episode_starts, 'needs_emulator_state', False) and not adapter.can_clone_state:
             raise TypeError(f"episode_starts={self.episode_starts!r} restores emulator states, which "
                             f"player {type(player).__name__} can not do (a single gymnasium ALE env "
@@ -170,6 +167,11 @@ class EnvRunner:
         self.adapter: Any = adapter
         self.num_envs = adapter.num_envs
         self.num_actions = int(n_act)
+
+    @property
+    def life_loss_terminal(self) -> bool:
+        """Whether a lost life is stored as a terminal step (the settings' ``life_loss_terminal``)."""
+        return self.settings.life_loss_terminal
 
     def __repr__(self) -> str:
         return f"EnvRunner(index={self.index}, player={type(self.player).__name__}, num_envs={self.num_envs})"
@@ -267,12 +269,12 @@ class EnvRunner:
         self.restarts += 1
 
     def close(self) -> None:
-        """Close the player (``close_player``). Idempotent. The memory is the group's to let
-        go (:meth:`ActingGroup.close <expreplay.acting.group.ActingGroup.close>`)."""
+        """Close the player (the settings' ``close_player``). Idempotent. The memory is the
+        group's to let go (:meth:`ActingGroup.close <expreplay.acting.group.ActingGroup.close>`)."""
         if self._closed:
             return
         self._closed = True
-        if self._close_player:
+        if self.settings.close_player:
             try:
                 self.adapter.close()
             except Exception as err:

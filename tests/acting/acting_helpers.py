@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory
 from kernel_paths import kernel_path
 from scripted_env import check_batch, decode
 
@@ -21,7 +21,7 @@ H = 3          # history_len of the scripted tests
 
 # EnvRunnerManager's threading modes: the default (None: chosen for the runners; for single
 # envs one pipelined thread), a thread per runner ('per-runner', turned into len(runners)
-# by threads_for), and fewer threads than runners (pipelined).
+# by settings_for), and fewer threads than runners (pipelined).
 DEFAULT = pytest.param(None, id='default')
 PER_RUNNER = pytest.param('per-runner', id='thread-per-runner')
 PIPELINED_1 = pytest.param(1, id='pipelined-1-thread')
@@ -41,9 +41,10 @@ def crossed(first, second):
             for i, a in enumerate(first) for j, b in enumerate(second)]
 
 
-def threads_for(threads, runners):
-    """The simulator_threads argument for a mode of the parametrization above."""
-    return len(runners) if threads == 'per-runner' else threads
+def settings_for(threads, runners, **settings):
+    """The manager's settings for a mode of the parametrization above, and ``settings``."""
+    return ManagerSettings(simulator_threads=len(runners) if threads == 'per-runner' else threads,
+                           **settings)
 
 
 # ----------------------------------------------------------------------------- helpers

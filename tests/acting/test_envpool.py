@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 
-from expreplay import ReplayMemory  # noqa: E402
+from expreplay import ReplayMemory, RunnerSettings  # noqa: E402
 from expreplay.acting.envs import AsyncVectorAdapter, VectorEnvAdapter, adapt_env  # noqa: E402
 from expreplay.acting import ActingGroup, EnvRunner, EnvRunnerManager  # noqa: E402
 
@@ -143,7 +143,7 @@ def test_envpool_pong_every_write_matches_what_envpool_returned(batch_size):
 def test_envpool_breakout_life_loss_is_terminal_for_training_only():
     pool = Log(make('Breakout-v5', num_envs=2, seed=1))
     mem = RecordingMemory(4000, (84, 84), 4)
-    runner = EnvRunner(pool, None, mem, 4, life_loss_terminal=True)
+    runner = EnvRunner(pool, None, mem, 4, settings=RunnerSettings(life_loss_terminal=True))
     group = ActingGroup([runner])
     for _ in range(1500):
         group.step(1.0)

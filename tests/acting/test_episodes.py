@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory, RunnerSettings
 from expreplay.acting.episodes import (EPISODE_LOG_FILENAME, Curriculum, EpisodeLog, EpisodeRecord,
                                 EpisodeStart, EpisodeTotals, FixedSeed, ProceduralSeeds,
                                 RestartPool, SeedList, SeedsExhausted, read_episode_log)
@@ -185,7 +185,8 @@ def test_ale_runs_with_the_same_base_seed_play_the_same_games():
                    for i, env in enumerate(envs)]
         # One pipelined thread gives the runners requests in turn: with a thread per runner,
         # which runner takes a request depends on scheduling (a seeded reset holds the GIL).
-        with EnvRunnerManager(runners, maximum_staleness=2, simulator_threads=1) as mgr:
+        with EnvRunnerManager(runners, maximum_staleness=2,
+                              settings=ManagerSettings(simulator_threads=1)) as mgr:
             for _ in range(2 * games * 50 + 10):
                 mgr.step(1.0)
         return {key: (r.seed, r.score, r.length, envs[r.runner].digests[r.episode])
@@ -296,8 +297,8 @@ def test_vector_env_starts_disabled_mode_and_autoreset_records():
 def test_life_losses_are_counted_and_a_record_is_a_whole_game():
     env = ScriptedEnv(0, episode_lengths=10 ** 6, lives=3, life_every=4)
     records = Records()
-    runner = EnvRunner(env, None, ReplayMemory(200, (6,), H), H, life_loss_terminal=True,
-                       on_episode_end=records)
+    runner = EnvRunner(env, None, ReplayMemory(200, (6,), H), H,
+                       settings=RunnerSettings(life_loss_terminal=True), on_episode_end=records)
     group = ActingGroup([runner])
     for _ in range(40):
         group.step(1.0)
@@ -627,10 +628,6 @@ def test_stream_writes_the_episode_log_and_counts_totals(tmp_path):
     for r in records:
         want = ProceduralSeeds(12).seed_for(r.runner, 0, r.episode)
         assert r.seed == want == envs[r.runner].seeds[r.episode]
-
-    with pytest.raises(ValueError, match='twice'):
-        Population(make_env, 1, episode_starts=FixedSeed(1),
-                   runner_kwargs={'episode_starts': FixedSeed(2)})
 
 
 @pytest.mark.slow

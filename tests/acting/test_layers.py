@@ -1,7 +1,8 @@
 """The acting layer's shape: which of its modules import which (read statically, as
 tests/test_layout.py reads the package: module-level and ``TYPE_CHECKING`` imports).
 
-A module's floor is one above the highest floor of the acting modules it imports. The runner is
+A module's floor is one above the highest floor of the acting modules it imports. The settings
+records import no acting module and any floor may read them: they count as none. The runner is
 on the first floor (the group imports it, never the reverse), the group's parts import no acting
 module (the lanes know lanes, not runners: the group tells the runners), and the population, at
 the top, is four floors up.
@@ -36,12 +37,20 @@ def _imports(module):
 IMPORTS = {m: _imports(m) for m in MODULES}
 
 
+# Data that every floor reads (frozen records of settings), standing on no floor.
+RECORDS = {'settings'}
+
+
 def _floor(module):
-    return 1 + max((_floor(m) for m in IMPORTS[module]), default=0)
+    return 1 + max((_floor(m) for m in IMPORTS[module] - RECORDS), default=0)
+
+
+def test_the_settings_records_import_no_acting_module():
+    assert all(not IMPORTS[r] for r in RECORDS)
 
 
 def test_the_group_imports_the_runner_and_its_parts_import_no_acting_module():
-    assert 'runner' in IMPORTS['group'] and not IMPORTS['runner']
+    assert 'runner' in IMPORTS['group'] and not IMPORTS['runner'] - RECORDS
     parts = {'lanes', 'policy'}
     assert parts <= IMPORTS['group']
     assert all(not IMPORTS[p] for p in parts)
@@ -49,6 +58,6 @@ def test_the_group_imports_the_runner_and_its_parts_import_no_acting_module():
 
 
 def test_the_acting_layer_stands_on_four_floors():
-    floors = {m: _floor(m) for m in MODULES}
+    floors = {m: _floor(m) for m in MODULES if m not in RECORDS}
     assert floors['population'] == max(floors.values()) == 4
     assert floors['group'] == 2 and floors['manager'] == 3

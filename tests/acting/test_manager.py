@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory
 from expreplay.acting import EnvRunner, EnvRunnerManager, InferenceThread
 from expreplay.stats import ManagerStats, ScoreWindow
 from acting_helpers import (DEFAULT, GUARD, crossed, H, MODES, PER_RUNNER, PIPELINED_1, StepPredictor,
-                            assert_all_stored, assert_scores, greedy_ok, sample_and_check, threads_for)
+                            assert_all_stored, assert_scores, greedy_ok, sample_and_check, settings_for)
 from acting_helpers import kernels, no_thread_left_behind  # noqa: F401 (fixtures)
 from scripted_env import OldApiScriptedEnv, ScriptedEnv, decode
 
@@ -27,7 +27,7 @@ def test_threads_end_to_end_every_sampled_transition(env_cls, threads, kernels):
     pred = StepPredictor()
     runners = [EnvRunner(envs[i], pred, mem, H, seed=3, index=i) for i in range(3)]
     checked = 0
-    with EnvRunnerManager(runners, maximum_staleness=4, simulator_threads=threads_for(threads, runners)) as mgr:
+    with EnvRunnerManager(runners, maximum_staleness=4, settings=settings_for(threads, runners)) as mgr:
         for k in range(1500):
             mgr.step(0.0 if k % 2 else 1.0)
             if k % 300 == 299:   # sample while the threads write
@@ -82,7 +82,7 @@ def test_vector_env_runners_end_to_end(mode, threads, kernels):
     pred = StepPredictor()
     runners = [EnvRunner(v, pred, mem, H, seed=100, index=r) for r, v in enumerate(venvs)]
     assert runners[0].num_envs == 3
-    with EnvRunnerManager(runners, maximum_staleness=2, simulator_threads=threads_for(threads, runners)) as mgr:
+    with EnvRunnerManager(runners, maximum_staleness=2, settings=settings_for(threads, runners)) as mgr:
         for _ in range(600):
             mgr.step(0.0)
     games = [s for r in runners for s in r.total_scores]   # after close: no game is in flight
@@ -114,7 +114,7 @@ def test_staleness_guarantee_holds_in_every_mode(staleness, n_runners, threads):
     gate, entered = threading.Semaphore(0), threading.Semaphore(0)
     mem = ReplayMemory(500, (6,), H)
     envs, runners = _gated_runners(n_runners, gate, entered, mem)
-    with EnvRunnerManager(runners, staleness, simulator_threads=threads_for(threads, runners)) as mgr:
+    with EnvRunnerManager(runners, staleness, settings=settings_for(threads, runners)) as mgr:
         for k in range(n):
             while True:
                 try:
@@ -153,7 +153,8 @@ def test_manager_merges_the_states_of_threads_waiting_at_once():
 
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(envs[i], predictor, mem, H, index=i) for i in range(4)]
-    with EnvRunnerManager(runners, maximum_staleness=8, simulator_threads=4) as mgr:
+    with EnvRunnerManager(runners, maximum_staleness=8,
+                          settings=ManagerSettings(simulator_threads=4)) as mgr:
         (holder['it'],) = mgr.inference_threads
         for _ in range(400):
             mgr.step(0.0)
@@ -197,7 +198,7 @@ def test_pipelined_thread_steps_one_group_while_the_other_is_predicted():
     envs = {i: ScriptedEnv(i, step_hook=hook) for i in range(4)}
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(envs[i], predictor, mem, H, index=i) for i in range(4)]
-    with EnvRunnerManager(runners, 8, simulator_threads=1) as mgr:
+    with EnvRunnerManager(runners, 8, settings=ManagerSettings(simulator_threads=1)) as mgr:
         assert mgr.pipelined
         for _ in range(60):
             mgr.step(0.0)
@@ -216,7 +217,7 @@ def test_pipelined_runners_take_turns_when_requests_are_fewer_than_runners(stale
     envs = {i: ScriptedEnv(i) for i in range(4)}
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(4)]
-    with EnvRunnerManager(runners, staleness, simulator_threads=1) as mgr:
+    with EnvRunnerManager(runners, staleness, settings=ManagerSettings(simulator_threads=1)) as mgr:
         for _ in range(120):
             mgr.step(0.0)
         mgr.wait_idle(GUARD)
@@ -231,8 +232,9 @@ def test_simulator_threads_must_be_between_one_and_the_number_of_runners():
     runners = [EnvRunner(ScriptedEnv(i), None, mem, H, index=i) for i in range(3)]
     for bad in (0, 4, 1.5, True):
         with pytest.raises((ValueError, TypeError), match='simulator_threads'):
-            EnvRunnerManager(runners, 2, simulator_threads=bad)
-    with EnvRunnerManager(runners, 2, simulator_threads=3) as mgr:   # = one per runner
+            EnvRunnerManager(runners, 2, settings=ManagerSettings(simulator_threads=bad))
+    one_each = ManagerSettings(simulator_threads=3)
+    with EnvRunnerManager(runners, 2, settings=one_each) as mgr:
         assert not mgr.pipelined and len(mgr.threads) == 3
 
 
@@ -242,7 +244,7 @@ def test_stats_figures(threads):
     mem = ReplayMemory(300, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(2)]
-    with EnvRunnerManager(runners, 2, simulator_threads=threads_for(threads, runners)) as mgr:
+    with EnvRunnerManager(runners, 2, settings=settings_for(threads, runners)) as mgr:
         assert mgr.reset_stats() == (None, None)
         for _ in range(100):
             mgr.step(0.0)
@@ -281,7 +283,8 @@ def test_thread_context_is_entered_by_every_thread_the_manager_starts(threads, n
     mem = ReplayMemory(100, (6,), H)
     pred = StepPredictor()
     runners = [EnvRunner(ScriptedEnv(i), pred, mem, H, index=i) for i in range(3)]
-    with EnvRunnerManager(runners, 3, thread_context=Context, simulator_threads=threads_for(threads, runners)) as mgr:
+    with EnvRunnerManager(runners, 3,
+                          settings=settings_for(threads, runners, thread_context=Context)) as mgr:
         for _ in range(30):
             mgr.step(0.0)
     assert entered == names

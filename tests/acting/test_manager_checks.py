@@ -5,10 +5,10 @@ import threading
 
 import pytest
 
-from expreplay import EnvRunner, EnvRunnerManager, ReplayMemory
+from expreplay import EnvRunner, EnvRunnerManager, ManagerSettings, ReplayMemory
 from expreplay.acting import ActingGroup, CallTimeout
 from scripted_env import ScriptedEnv
-from acting_helpers import MODES, H, StepPredictor, threads_for
+from acting_helpers import MODES, H, StepPredictor, settings_for
 
 
 def runners(n=2):
@@ -19,7 +19,7 @@ def runners(n=2):
 @pytest.mark.parametrize('bad', [3, 'nullcontext', object()])
 def test_a_thread_context_that_is_not_callable_is_refused_at_construction(bad):
     with pytest.raises(TypeError, match='thread_context must be a callable'):
-        EnvRunnerManager(runners(), 2, thread_context=bad)
+        ManagerSettings(thread_context=bad)
 
 
 def test_env_runners_must_be_runners():
@@ -63,7 +63,7 @@ def test_a_hung_reset_is_reported_as_a_reset_of_its_runner(threads):
     rs = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(3)]
     # 1 s, not less: on a loaded machine a healthy call can stall for a few tenths of a second,
     # and the watchdog would name it instead of the hung one.
-    mgr = EnvRunnerManager(rs, 3, call_timeout=1.0, simulator_threads=threads_for(threads, rs))
+    mgr = EnvRunnerManager(rs, 3, settings=settings_for(threads, rs, call_timeout=1.0))
     try:
         with pytest.raises(CallTimeout) as info:
             for _ in range(10_000):

@@ -8,10 +8,10 @@ import warnings
 import numpy as np
 import pytest
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory
 from expreplay.acting import CallTimeout, EnvError, EnvRunner, EnvRunnerManager, InferenceThread, ManagerClosed, PredictorError, RunnerError
 from acting_helpers import (GUARD, H, MODES, StepPredictor, assert_all_stored, greedy_ok, live_threads,
-                            sample_and_check, step_until_raises, threads_for)
+                            sample_and_check, step_until_raises, settings_for)
 from acting_helpers import no_thread_left_behind  # noqa: F401 (fixtures)
 from scripted_env import ScriptedEnv, ScriptedEnvError
 
@@ -34,7 +34,7 @@ def test_env_failure_surfaces_from_step_within_a_second(threads, where):
     mem = ReplayMemory(500, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(3)]
-    mgr = EnvRunnerManager(runners, 3, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 3, settings=settings_for(threads, runners))
     with pytest.raises(EnvError, match=where) as info:
         step_until_raises(mgr)
     assert time.monotonic() - failed_at[0] < 1.0
@@ -58,7 +58,7 @@ def test_unreported_failure_is_raised_by_close(threads):
     envs = [ScriptedEnv(i, fail_at_step=5, step_hook=hook) for i in range(2)]
     mem = ReplayMemory(100, (6,), H)
     runners = [EnvRunner(e, None, mem, H, index=i) for i, e in enumerate(envs)]
-    mgr = EnvRunnerManager(runners, 20, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 20, settings=settings_for(threads, runners))
     for _ in range(12):
         mgr.step(1.0)
     assert failed.wait(GUARD)
@@ -82,7 +82,7 @@ def test_predictor_failure_surfaces_from_step(n_runners, threads):
     mem = ReplayMemory(500, (6,), H)
     runners = [EnvRunner(ScriptedEnv(i), predictor, mem, H, index=i) for i in range(n_runners)]
     with pytest.raises(PredictorError) as info:
-        with EnvRunnerManager(runners, 2, simulator_threads=threads_for(threads, runners)) as mgr:
+        with EnvRunnerManager(runners, 2, settings=settings_for(threads, runners)) as mgr:
             step_until_raises(mgr)
     assert time.monotonic() - calls[9] < 1.0
     assert isinstance(info.value.__cause__, ValueError) and 'bad weights' in str(info.value)
@@ -103,7 +103,7 @@ def test_failed_env_is_restarted_and_counted(threads):
     runners = [EnvRunner(factory(i, 100 if i == 0 else None)(), pred, mem, H, index=i,
                          player_factory=factory(10 + i, 60))   # replacements fail after 60 steps
                for i in range(2)]
-    mgr = EnvRunnerManager(runners, 2, max_restarts=1, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 2, settings=settings_for(threads, runners, max_restarts=1))
     with pytest.raises(EnvError):     # runner 0: restarted once, then its replacement fails
         step_until_raises(mgr)
     stats = mgr.stats()
@@ -135,7 +135,8 @@ def test_pipelined_reset_failure_books_every_request(restarts):
     mem = ReplayMemory(500, (6,), H)
     pred = StepPredictor()
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(4)]
-    mgr = EnvRunnerManager(runners, 8, simulator_threads=1, max_restarts=restarts)
+    mgr = EnvRunnerManager(runners, 8,
+                           settings=ManagerSettings(simulator_threads=1, max_restarts=restarts))
     if restarts:
         for _ in range(300):
             mgr.step(0.0)
@@ -170,7 +171,8 @@ def test_a_thread_whose_context_fails_fails_the_manager(failing):
 
     mem = ReplayMemory(100, (6,), H)
     runners = [EnvRunner(ScriptedEnv(i), StepPredictor(), mem, H, index=i) for i in range(3)]
-    mgr = EnvRunnerManager(runners, 2, simulator_threads=1, thread_context=Context)
+    mgr = EnvRunnerManager(runners, 2,
+                           settings=ManagerSettings(simulator_threads=1, thread_context=Context))
     with pytest.raises(RunnerError) as info:      # not a hang once the window is full
         step_until_raises(mgr)
     assert isinstance(info.value.__cause__, RuntimeError) and 'no graph here' in str(info.value)
@@ -182,7 +184,7 @@ def test_pipelined_stats_count_one_call_per_group():
     mem = ReplayMemory(500, (6,), H)
     pred = StepPredictor()
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(4)]
-    with EnvRunnerManager(runners, 8, simulator_threads=1) as mgr:
+    with EnvRunnerManager(runners, 8, settings=ManagerSettings(simulator_threads=1)) as mgr:
         for _ in range(200):
             mgr.step(0.0)
         mgr.wait_idle(GUARD)
@@ -200,7 +202,7 @@ def test_close_under_load_joins_every_thread(threads):
     mem = ReplayMemory(300, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(envs[i], pred, mem, H, index=i) for i in range(4)]
-    mgr = EnvRunnerManager(runners, 16, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 16, settings=settings_for(threads, runners))
     started = set(live_threads())
     assert len(started) == {'per-runner': 4, None: 1, 2: 2}[threads] + 1   # + the InferenceThread
     running = threading.Event()
@@ -238,7 +240,7 @@ def test_close_while_envs_hang_in_reset_warns_and_threads_end_when_released(thre
     mem = ReplayMemory(100, (6,), H)
     pred = StepPredictor()   # shared, as in training
     runners = [EnvRunner(e, pred, mem, H, index=i) for i, e in enumerate(envs)]
-    mgr = EnvRunnerManager(runners, 2, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 2, settings=settings_for(threads, runners))
     mgr.step(0.5)
     if threads == 'per-runner':
         mgr.step(0.5)     # one request per thread: both threads reset their env first, and hang
@@ -274,7 +276,7 @@ def test_close_while_predictor_hangs_releases_a_blocked_step(threads):
 
     mem = ReplayMemory(100, (6,), H)
     runners = [EnvRunner(ScriptedEnv(i), predictor, mem, H, index=i) for i in range(3)]
-    mgr = EnvRunnerManager(runners, 2, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 2, settings=settings_for(threads, runners))
     mgr.step(0.0)
     mgr.step(0.0)
     assert entered.wait(GUARD)
@@ -313,7 +315,7 @@ def test_a_hung_env_step_is_a_call_timeout_from_step(threads):
     runners = [EnvRunner(envs[i], StepPredictor(), mem, H, index=i) for i in range(3)]
     # 1 s, not less: on a loaded machine a healthy call can stall for a few tenths of a second,
     # and the watchdog would name it instead of the hung one.
-    mgr = EnvRunnerManager(runners, 3, call_timeout=1.0, simulator_threads=threads_for(threads, runners))
+    mgr = EnvRunnerManager(runners, 3, settings=settings_for(threads, runners, call_timeout=1.0))
     start = None
     try:
         with pytest.raises(CallTimeout, match=r'SimulatorThread-\d.*an env step') as info:
@@ -331,14 +333,15 @@ def test_a_hung_env_step_is_a_call_timeout_from_step(threads):
 def test_timeouts_accept_infinity_and_refuse_negative_or_nan():
     mem = ReplayMemory(100, (6,), H)
     runners = [EnvRunner(ScriptedEnv(i), None, mem, H, index=i) for i in range(2)]
-    with EnvRunnerManager(runners, 2, close_timeout=float('inf'), call_timeout=float('inf')) as mgr:
+    forever = ManagerSettings(close_timeout=float('inf'), call_timeout=float('inf'))
+    with EnvRunnerManager(runners, 2, settings=forever) as mgr:
         for _ in range(20):
             mgr.step(1.0, timeout=float('inf'))
         mgr.wait_idle(float('inf'))
     for kw in ({'close_timeout': -1}, {'close_timeout': float('nan')}, {'call_timeout': -0.5},
                {'call_timeout': 0}, {'max_restarts': -1}):
         with pytest.raises((ValueError, TypeError), match=next(iter(kw))):
-            EnvRunnerManager(runners, 2, **kw)
+            ManagerSettings(**kw)
 
 
 def test_a_second_close_waits_for_the_first():

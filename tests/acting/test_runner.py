@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from expreplay import ReplayMemory
+from expreplay import ReplayMemory, RunnerSettings
 from expreplay.acting import ActingGroup, EnvError, EnvRunner, EnvRunnerManager, PredictorError
 from acting_helpers import (GUARD, H, RecordingMemory, StepPredictor, assert_all_stored, assert_scores,
                             greedy_ok, sample_and_check, step_until_raises)
@@ -102,7 +102,7 @@ def test_life_loss_is_terminal_for_training_only_on_breakout():
     env = Watch(gym.wrappers.ResizeObservation(
         gym.make('ALE/Breakout-v5', obs_type='grayscale', repeat_action_probability=0.0), (84, 84)))
     mem = RecordingMemory(3000, (84, 84), 4)
-    runner = EnvRunner(env, None, mem, 4, seed=0, life_loss_terminal=True)
+    runner = EnvRunner(env, None, mem, 4, seed=0, settings=RunnerSettings(life_loss_terminal=True))
     group = ActingGroup([runner])
     for _ in range(5000):
         group.step(1.0)
@@ -138,7 +138,8 @@ def test_life_loss_with_scripted_lives_samples_right(kernels):
     envs = {i: ScriptedEnv(i, episode_lengths=10 ** 6, lives=3, life_every=4) for i in range(2)}
     mem = ReplayMemory(400, (6,), H)
     pred = StepPredictor(life_every=4)
-    runners = [EnvRunner(envs[i], pred, mem, H, index=i, life_loss_terminal=True) for i in range(2)]
+    lives = RunnerSettings(life_loss_terminal=True)
+    runners = [EnvRunner(envs[i], pred, mem, H, settings=lives, index=i) for i in range(2)]
     with EnvRunnerManager(runners, 2) as mgr:
         for _ in range(300):
             mgr.step(0.5)
@@ -182,7 +183,7 @@ def test_bad_players_and_arguments_are_refused():
 
     with pytest.raises(TypeError, match='num_actions'):
         EnvRunner(NoSpace(), None, mem, H)
-    r = EnvRunner(NoSpace(), None, mem, H, num_actions=2)
+    r = EnvRunner(NoSpace(), None, mem, H, settings=RunnerSettings(num_actions=2))
     group = ActingGroup([r])
     group.step(1.0)
     # An observation the memory can not store is the env's failure (restartable), chained.

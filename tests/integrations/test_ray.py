@@ -25,7 +25,7 @@ import gymnasium as gym                                           # noqa: E402
 import psutil                                                     # noqa: E402
 from ray.cluster_utils import Cluster                             # noqa: E402
 
-from expreplay import ReplayMemory                                # noqa: E402
+from expreplay import ReplayMemory, RunnerSettings                # noqa: E402
 from expreplay.ray import ActorFailedError, EnvBuildError, RayVectorEnv   # noqa: E402
 from expreplay.acting import EnvRunner, EnvRunnerManager          # noqa: E402
 from scripted_env import ScriptedEnv, ScriptedEnvError, check_batch, decode, reward_for   # noqa: E402
@@ -456,7 +456,7 @@ def test_env_runner_end_to_end_sync_path(local_ray, tmp_path):
     mem = ReplayMemory(300, (6,), H, block_size=8)
     rng = np.random.default_rng(3)
     predictor = lambda states: [rng.random((len(states), 3))]   # noqa: E731
-    runner = EnvRunner(rec, predictor, mem, H, seed=11, close_player=False)
+    runner = EnvRunner(rec, predictor, mem, H, settings=RunnerSettings(close_player=False), seed=11)
     try:
         with EnvRunnerManager([runner], maximum_staleness=1) as mgr:
             for _ in range(120):
@@ -644,7 +644,8 @@ def test_env_runner_async_path_through_a_killed_actor_loses_and_tears_nothing(lo
     rec = AsyncRecorder(env)
     mem = ReplayMemory(400, (6,), H, block_size=8)
     rng = np.random.default_rng(5)
-    runner = EnvRunner(rec, lambda states: rng.random((len(states), 3)), mem, H, close_player=False)
+    runner = EnvRunner(rec, lambda states: rng.random((len(states), 3)), mem, H,
+                       settings=RunnerSettings(close_player=False))
     assert runner.is_async
     try:
         with EnvRunnerManager([runner], maximum_staleness=1) as mgr:

@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory
 from expreplay.interrupts import stop_on_signals
 from expreplay.stream import Population, ReplayStream, Sampling
 from scripted_env import ScriptedEnv
@@ -363,7 +363,7 @@ def test_close_keeps_to_close_timeout_with_an_inline_player_and_prefetch():
     close_timeout = 1.0
     memory = ReplayMemory(600, (6,), 4)
     population = Population(lambda: HangingEnv(hang, inside, release), 1,
-                            exploration=1.0, manager_kwargs={'close_timeout': close_timeout})
+                            exploration=1.0, manager=ManagerSettings(close_timeout=close_timeout))
     stream = ReplayStream(memory, population, Sampling(16, 4), init_memory_size=100,
                           prefetch=2, progress=False)
     try:

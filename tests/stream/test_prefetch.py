@@ -10,7 +10,7 @@ import threading
 import numpy as np
 import pytest
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory
 from expreplay.stream.prefetch import Prefetcher
 from expreplay.acting import RunnerError
 from scripted_env import check_batch
@@ -122,7 +122,7 @@ def test_close_releases_a_consumer_blocked_in_next(players):
     factory = EnvFactory(step_hook=hook)
     stream = make_stream(factory, prefer(1), num_parallel_players=players, exploration=0.5,
                          init_memory_size=60, prefetch=2,
-                         manager_kwargs=None if players == 1 else {'close_timeout': 60})
+                         manager=None if players == 1 else ManagerSettings(close_timeout=60))
     stream.start()
     stepping['after_fill'] = True
     batches = stream.batches()     # starts the prefetch thread
@@ -301,7 +301,7 @@ def test_one_player_steps_in_the_prefetch_thread_inside_the_thread_context():
         return np.zeros((len(states), 3), np.float32)
 
     stream = make_stream(EnvFactory(), q_values, num_parallel_players=1, exploration=0.0,
-                         prefetch=2, manager_kwargs={'thread_context': Context})
+                         prefetch=2, manager=ManagerSettings(thread_context=Context))
     with stream:
         stream.start()                    # the fill runs here, in this thread
         predicted_in.clear()

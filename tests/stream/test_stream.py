@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from expreplay import ReplayMemory
+from expreplay import ManagerSettings, ReplayMemory, RunnerSettings
 from expreplay.acting import RunnerError
 from expreplay.stream import DEFAULT_PREFETCH, Population, PredictorSlot, ReplayStream, Sampling
 from kernel_paths import PATHS, kernel_path
@@ -71,8 +71,7 @@ MEMORY_ARGS = {'memory_size': 'max_size', 'state_shape': 'state_shape',
 POPULATION_ARGS = {'num_parallel_players': 'num_players', 'exploration': 'exploration',
                    'maximum_staleness': 'maximum_staleness', 'seed': 'seed',
                    'episode_starts': 'episode_starts', 'episode_log_dir': 'episode_log_dir',
-                   'on_episode_end': 'on_episode_end', 'runner_kwargs': 'runner_kwargs',
-                   'manager_kwargs': 'manager_kwargs'}
+                   'on_episode_end': 'on_episode_end', 'runner': 'runner', 'manager': 'manager'}
 SAMPLING_ARGS = {'batch_size': 'batch_size', 'update_frequency': 'update_frequency',
                  'samples_per_insert': 'samples_per_insert', 'n_step': 'n_step',
                  'gamma': 'gamma', 'beta': 'beta', 'weight_norm': 'weight_norm',
@@ -408,15 +407,15 @@ def test_vector_env_players_insert_update_frequency_per_batch(prefetch):
     assert measured == pytest.approx(16 / 4, rel=0.05)
 
 
-@pytest.mark.parametrize('manager_kwargs,pipelined,threads', [
+@pytest.mark.parametrize('manager,pipelined,threads', [
     (None, True, ['InferenceThread', 'SimulatorThread-0']),
-    ({'simulator_threads': 3}, False, ['InferenceThread', 'SimulatorThread-0', 'SimulatorThread-1',
-                                       'SimulatorThread-2'])],
+    (ManagerSettings(simulator_threads=3), False,
+     ['InferenceThread', 'SimulatorThread-0', 'SimulatorThread-1', 'SimulatorThread-2'])],
     ids=['default', 'thread-per-player'])
-def test_several_single_env_players_default_to_one_pipelined_thread(manager_kwargs, pipelined, threads):
+def test_several_single_env_players_default_to_one_pipelined_thread(manager, pipelined, threads):
     factory = EnvFactory()
     stream = make_stream(factory, prefer(1), num_parallel_players=3, exploration=0.5,
-                         manager_kwargs=manager_kwargs, prefetch=0)
+                         manager=manager, prefetch=0)
     with stream:
         for k, batch in enumerate(stream, start=1):
             check_batch(batch, factory.envs, HISTORY)
@@ -450,11 +449,11 @@ def test_vector_env_players_get_a_thread_each():
 @pytest.mark.parametrize('kwargs,error,words', [
     (dict(prioritized='no'), TypeError, 'prioritized'),
     (dict(prioritized=2), TypeError, 'prioritized'),      # the memory's rule: 0 and 1 are bools
-    (dict(runner_kwargs=3), TypeError, 'runner_kwargs'),
-    (dict(runner_kwargs={'life_loss_terminals': True}), TypeError, "runner_kwargs.*'life_loss_terminals'"),
-    (dict(runner_kwargs={'memory': None}), TypeError, "runner_kwargs.*'memory'"),
-    (dict(manager_kwargs=[('max_restarts', 1)]), TypeError, 'manager_kwargs'),
-    (dict(manager_kwargs={'max_restart': 1}), TypeError, "manager_kwargs.*'max_restart'"),
+    (dict(runner=3), TypeError, r'runner must be a RunnerSettings.*got int'),
+    (dict(runner={'life_loss_terminal': True}), TypeError, r'runner must be a RunnerSettings.*got dict'),
+    (dict(manager=[('max_restarts', 1)]), TypeError, r'manager must be a ManagerSettings.*got list'),
+    (dict(manager={'max_restarts': 1}), TypeError, r'manager must be a ManagerSettings.*got dict'),
+    (dict(manager=RunnerSettings()), TypeError, r'manager must be a ManagerSettings.*got RunnerSettings'),
     (dict(memory='a memory'), TypeError, 'memory'),
     (dict(init_memory_size=601), ValueError, 'init_memory_size'),
     (dict(prefetch=-1), ValueError, 'prefetch'),
@@ -492,15 +491,15 @@ def test_the_checked_player_is_the_first_runners():
         assert [r.player for r in stream.population.runners] == [factory.envs[0], factory.envs[1]]
 
 
-def test_good_runner_and_manager_kwargs_still_reach_them():
-    stream = make_stream(EnvFactory(lives=3, life_every=4), prefer(1),
-                         runner_kwargs={'life_loss_terminal': True},
-                         manager_kwargs={'max_restarts': 2, 'max_inference_batch': 8})
+def test_the_runner_and_manager_settings_reach_them():
+    runner = RunnerSettings(life_loss_terminal=True)
+    manager = ManagerSettings(max_restarts=2, max_inference_batch=8)
+    stream = make_stream(EnvFactory(lives=3, life_every=4), prefer(1), runner=runner, manager=manager)
     with stream:
         take(iter(stream), 3)
-        manager = stream.population.manager
-        assert manager.max_restarts == 2
-        assert all(r.life_loss_terminal for r in stream.population.runners)
+        assert stream.population.manager.settings is manager
+        assert stream.population.manager.max_restarts == 2
+        assert all(r.settings is runner and r.life_loss_terminal for r in stream.population.runners)
 
 
 # ---------------------------------------------------------------------- the ratio, per player
