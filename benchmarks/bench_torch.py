@@ -4,6 +4,7 @@
     python benchmarks/bench_torch.py                         # all three parts, 2 rounds
     python benchmarks/bench_torch.py --part learner --rounds 3 --frames 25000
     python benchmarks/bench_torch.py --part memory --steps 50000
+    python benchmarks/bench_torch.py --part learning --seeds 0 1   # long: not in all (~11 min)
 
 ``learner``: MinAtar Breakout, the paper's DQN (``examples/dqn_minatar_torch.py``'s network,
 centred RMSProp and Huber update, one update per frame, batch 32, the target copied every
@@ -36,13 +37,32 @@ twice: observation and next observation) and the same with ``optimize_memory_usa
 then the median time of ``sample(32)`` as torch tensors (expreplay: ``torch.from_numpy`` of
 each field; SB3: its ``sample``, which builds the tensors).
 
+``learning``: learning at equal frames, the two loops side by side. The same learner, flags and
+seeds both ways, on the short Breakout run of the example's CI learning bar
+(``tests/examples/test_dqn_minatar_torch.py``'s ``CI_ARGS``: 60k frames, a 30k memory learning
+from frame 1,000, epsilon 1 -> 0.1 over 5k frames, the target copied every 252 updates, step
+size 1e-3, one update per frame; ``--frames`` and ``--replay-start`` override its two), one
+fresh process per run, one run at a time, the contestants alternating per seed. After each
+run the trained network plays 100 greedy episodes through the example's own ``evaluate`` (the
+CI bar's measure, its seeds ``10**6 + seed``), the same function for both; printed: per run and
+per contestant's mean over the seeds, the greedy mean, the mean return of the last 100
+training episodes, the training's wall seconds and frames/s. The SB3 loop seeds numpy's global
+generator, as CleanRL does (``ReplayBuffer.sample`` draws from it): each run, both ways, is the
+same from its seed.
+
+Every part prints its command line and the machine first (platform, CPU, load average, Python,
+torch and SB3 versions).
+
 Needs the torch extra and ``pip install stable-baselines3`` (not in any extra: a measurement
 only). Pause other work on the machine first: the figures are CPU times and rates.
 """
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -50,26 +70,34 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(ROOT, 'examples')
 
+# The learning part's run: the short Breakout run of the example's CI learning bar, flag by flag
+# (tests/examples/test_dqn_minatar_torch.py: CI_ARGS, and EVAL_EPISODES greedy episodes).
+LEARNING_ARGS = ['--game', 'breakout', '--frames', '60000', '--replay-start', '1000',
+                 '--memory-size', '30000', '--exploration-frames', '5000', '--target-update', '252',
+                 '--lr', '1e-3', '--log-every', '1e9', '--eval-episodes', '100']
+
 LEARNER = r'''
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-contestant, frames, replay_start, seed = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+contestant, flags = sys.argv[2], sys.argv[3:]   # flags: the example's, the same for both contestants
 import numpy as np, torch
 import torch.nn.functional as F
 import dqn_minatar_torch as ex
 
-args = ex.parse_args(['--frames', str(frames), '--replay-start', str(replay_start), '--seed', str(seed),
-                      '--log-every', '1e9'])
+args = ex.parse_args(flags)
+frames, replay_start, seed = args.frames, args.replay_start, args.seed
 
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 def sb3_run():
-    """The same learner in CleanRL's dqn.py loop, on stable-baselines3's ReplayBuffer."""
+    """The same learner in CleanRL's dqn.py loop, on stable-baselines3's ReplayBuffer; returns
+    (the online network, every training episode's score)."""
     from stable_baselines3.common.buffers import ReplayBuffer
     torch.set_num_threads(args.threads)
     torch.manual_seed(seed)
+    np.random.seed(seed)   # ReplayBuffer.sample draws from numpy's global generator (CleanRL seeds it)
     env = ex.make_env(args.game)
     channels, num_actions = env.observation_space.shape[-1], env.action_space.n
     q_network = ex.QNetwork(channels, num_actions)
@@ -80,7 +108,7 @@ def sb3_run():
                       handle_timeout_termination=False)
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
-    updates = 0
+    updates, score, scores = 0, 0.0, []
     for frame in range(frames):
         if rng.random() < ex.epsilon(frame, args):
             action = int(rng.integers(num_actions))
@@ -91,8 +119,11 @@ def sb3_run():
         rb.add(obs[None], next_obs[None], np.array([action]), np.array([reward]),
                np.array([terminated]), [info])
         obs = next_obs
+        score += reward
         if terminated or truncated:
             obs, _ = env.reset()
+            scores.append(score)
+            score = 0.0
         if frame + 1 >= replay_start:
             data = rb.sample(args.batch_size)
             with torch.no_grad():
@@ -106,14 +137,25 @@ def sb3_run():
             updates += 1
             if updates % args.target_update == 0:
                 target_network.load_state_dict(q_network.state_dict())
+    env.close()
+    return q_network, scores
 
 start, cpu0 = time.perf_counter(), cpu()
 if contestant == 'expreplay':
-    ex.train(args)
+    q_network, episodes = ex.train(args)
+    scores = [score for _, score in episodes.rows]
 else:
-    sb3_run()
+    q_network, scores = sb3_run()
 wall, used = time.perf_counter() - start, cpu() - cpu0
-print('RESULT ' + json.dumps({'fps': frames / wall, 'cpu_ms': 1000 * used / frames}))
+result = {'fps': frames / wall, 'cpu_ms': 1000 * used / frames, 'wall': wall, 'games': len(scores),
+          'last100': float(np.mean(scores[-100:])) if scores else float('nan')}
+if args.eval_episodes:
+    # The example's evaluation, as its main (and so the CI bar) runs it: one function for both.
+    start = time.perf_counter()
+    greedy = ex.evaluate(q_network, args.game, args.eval_episodes, seed=10**6 + seed)
+    result.update(greedy=float(greedy.mean()), eval_episodes=len(greedy),
+                  eval_wall=time.perf_counter() - start)
+print('RESULT ' + json.dumps(result))
 '''
 
 MEMORY = r'''
@@ -265,7 +307,8 @@ def learner(rounds, frames, replay_start):
     results = {'expreplay': [], 'sb3': []}
     for r in range(rounds):
         for contestant in (('expreplay', 'sb3') if r % 2 == 0 else ('sb3', 'expreplay')):
-            res = run(LEARNER, EXAMPLES, contestant, frames, replay_start, r)
+            res = run(LEARNER, EXAMPLES, contestant, '--frames', frames, '--replay-start',
+                      replay_start, '--seed', r, '--log-every', '1e9')
             results[contestant].append(res)
             print(f"round {r} (seed {r}) {contestant:9s}: {res['fps']:6.0f} frames/s, "
                   f"{res['cpu_ms']:.3f} CPU ms per frame", flush=True)
@@ -275,6 +318,47 @@ def learner(rounds, frames, replay_start):
         print(f"median {c:9s}: {m['fps']:6.0f} frames/s, {m['cpu_ms']:.3f} CPU ms per frame")
     print(f"expreplay / sb3: frames/s {med['expreplay']['fps'] / med['sb3']['fps']:.2f}x, "
           f"CPU per frame {med['expreplay']['cpu_ms'] / med['sb3']['cpu_ms']:.2f}x")
+
+
+def with_flag(flags, name, value):
+    """``flags`` with ``name``'s value replaced (or the flag added)."""
+    flags = list(flags)
+    if name in flags:
+        flags[flags.index(name) + 1] = str(value)
+    else:
+        flags += [name, str(value)]
+    return flags
+
+
+def learning(seeds, frames, replay_start):
+    flags = LEARNING_ARGS
+    if frames is not None:
+        flags = with_flag(flags, '--frames', frames)
+    if replay_start is not None:
+        flags = with_flag(flags, '--replay-start', replay_start)
+    print(f"flags (both contestants, + --seed S): {shlex.join(flags)}", flush=True)
+    rows = []
+    for i, seed in enumerate(seeds):
+        for contestant in (('expreplay', 'sb3') if i % 2 == 0 else ('sb3', 'expreplay')):
+            res = run(LEARNER, EXAMPLES, contestant, *with_flag(flags, '--seed', seed),
+                      timeout=max(3600, int(flags[flags.index('--frames') + 1]) // 20))
+            rows.append((contestant, seed, res))
+            print(f"{contestant:9s} seed {seed}: greedy mean {res['greedy']:.2f} over "
+                  f"{res['eval_episodes']} episodes, last-100 training mean {res['last100']:.2f} "
+                  f"({res['games']} games), {res['wall']:.0f} s ({res['fps']:.0f} frames/s, "
+                  f"{res['cpu_ms']:.3f} CPU ms per frame), evaluation {res['eval_wall']:.0f} s",
+                  flush=True)
+    print()
+    print('| contestant | seed | greedy mean, 100 episodes | last-100 training mean | wall s | frames/s |')
+    print('|---|---|---|---|---|---|')
+    for contestant, seed, res in sorted(rows, key=lambda x: (x[0], x[1])):
+        print(f"| {contestant} | {seed} | {res['greedy']:.2f} | {res['last100']:.2f} | "
+              f"{res['wall']:.0f} | {res['fps']:.0f} |")
+    for contestant in ('expreplay', 'sb3'):
+        rs = [res for c, _, res in rows if c == contestant]
+        mean = {k: statistics.fmean(r[k] for r in rs) for k in ('greedy', 'last100', 'wall', 'fps')}
+        print(f"| {contestant} | mean of {len(rs)} | {mean['greedy']:.2f} | {mean['last100']:.2f} | "
+              f"{mean['wall']:.0f} | {mean['fps']:.0f} |")
 
 
 def memory(steps):
@@ -302,22 +386,52 @@ def budget(rounds, frames):
                                              for k in keys))
 
 
+def version(package):
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return 'not installed'
+
+
+def machine(argv):
+    """The command line and the machine, printed before any part (versions read without
+    importing the packages)."""
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists('/proc/cpuinfo'):
+        with open('/proc/cpuinfo') as f:
+            cpu = next((line.split(':', 1)[1].strip() for line in f
+                        if line.startswith('model name')), cpu)
+    load = ', '.join(f'{x:.2f}' for x in os.getloadavg()) if hasattr(os, 'getloadavg') else '?'
+    print(f"command: {shlex.join([os.path.basename(sys.executable), sys.argv[0], *argv])}")
+    print(f"machine: {platform.platform()}, {cpu}, {os.cpu_count()} CPUs, load average {load}; "
+          f"Python {platform.python_version()}, torch {version('torch')}, stable-baselines3 "
+          f"{version('stable-baselines3')}, MinAtar {version('MinAtar')}", flush=True)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--part', choices=('learner', 'budget', 'memory', 'all'), default='all')
+    p.add_argument('--part', choices=('learner', 'budget', 'memory', 'learning', 'all'),
+                   default='all', help="all: learner, budget and memory (not learning: long)")
     p.add_argument('--rounds', type=int, default=2, help='interleaved rounds of the learner part')
-    p.add_argument('--frames', type=int, default=25_000, help='frames per learner run')
-    p.add_argument('--replay-start', type=int, default=5_000, help='random frames before learning')
+    p.add_argument('--frames', type=int, default=None,
+                   help="frames per run: learner 25,000; learning 60,000 (the CI run's)")
+    p.add_argument('--replay-start', type=int, default=None,
+                   help="random frames before learning: learner 5,000; learning 1,000 (the CI run's)")
+    p.add_argument('--seeds', type=int, nargs='+', default=[0, 1], help='seeds of the learning part')
     p.add_argument('--budget-frames', type=int, default=5_000, help='frames timed in the budget part')
     p.add_argument('--steps', type=int, default=50_000, help='steps stored in the memory part')
     args = p.parse_args(argv)
+    machine(sys.argv[1:] if argv is None else argv)
     if args.part in ('learner', 'all'):
-        learner(args.rounds, args.frames, args.replay_start)
+        learner(args.rounds, 25_000 if args.frames is None else args.frames,
+                5_000 if args.replay_start is None else args.replay_start)
     if args.part in ('budget', 'all'):
         budget(args.rounds, args.budget_frames)
     if args.part in ('memory', 'all'):
         memory(args.steps)
+    if args.part == 'learning':
+        learning(args.seeds, args.frames, args.replay_start)
 
 
 if __name__ == '__main__':
