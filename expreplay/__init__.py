@@ -9,7 +9,7 @@ the importable extras.
 
 import importlib
 
-from .storage import CheckpointError, Experience, LaneWriter, ReplayMemory
+from .storage import CheckpointError, DrawSettings, Experience, LaneWriter, ReplayMemory
 
 __version__ = '0.1.0'
 
@@ -21,6 +21,7 @@ _LAZY = {
     'RunnerSettings': '.acting',
     'ManagerSettings': '.acting',
     'ExpReplay': '.tensorpack_io',
+    'MemoryCheckpoints': '.tensorpack_io',
     'ReplayStream': '.stream',
     'Sampling': '.stream',
     'MemoryCheckpoint': '.stream',
@@ -41,7 +42,7 @@ _LAZY = {
     'require_extra': '._extras',
 }
 
-__all__ = ['CheckpointError', 'Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
+__all__ = ['CheckpointError', 'DrawSettings', 'Experience', 'LaneWriter', 'ReplayMemory'] + list(_LAZY)
 
 
 def __getattr__(name):

@@ -12,8 +12,8 @@ __all__ = ['Exploration', 'check_schedule']
 ExplorationArg = Union[float, Callable[[int], float]]
 
 
-def check_schedule(schedule: Callable[..., float], name: str = 'exploration') -> None:
-    """TypeError naming ``name`` unless ``schedule`` can be called with one positional argument
+def check_schedule(schedule: Callable[..., float]) -> None:
+    """TypeError naming ``exploration`` unless ``schedule`` can be called with one positional argument
     (the steps stored), e.g. ``lambda steps: max(0.1, 1 - steps / 100_000)``.
 
     Checked from the signature, without calling it: a schedule of no argument (``lambda: 0.1``)
@@ -29,9 +29,9 @@ def check_schedule(schedule: Callable[..., float], name: str = 'exploration') ->
     except TypeError as err:
         what = getattr(schedule, '__qualname__', None) or type(schedule).__name__
         raise TypeError(
-            f"{name} must be a number in [0, 1] or a schedule of the steps stored, a function "
+            f"exploration must be a number in [0, 1] or a schedule of the steps stored, a function "
             f"of one argument returning epsilon (e.g. lambda steps: max(0.1, 1 - steps / "
-            f"100_000)); got {what}{signature}, which can not be called as {name}(steps): "
+            f"100_000)); got {what}{signature}, which can not be called as exploration(steps): "
             f"{err}") from None
 
 

@@ -89,8 +89,8 @@ class InferenceThread:
     is the monotonic time the running call started (None when idle), for a watchdog.
     """
 
-    def __init__(self, predictor: Callable[[np.ndarray], Any] | None, max_batch: int = 32,
-                 name: str = 'InferenceThread', thread_context: Callable[[], Any] | None = None,
+    def __init__(self, predictor: Callable[[np.ndarray], Any] | None, max_batch: int, *,
+                 name: str, thread_context: Callable[[], Any] | None = None,
                  on_done: Callable[[], None] | None = None, inline_below: float = 2e-4) -> None:
         self.predictor = predictor
         self._on_done = on_done

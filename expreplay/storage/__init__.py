@@ -2,6 +2,7 @@
 
 * :mod:`~expreplay.storage.memory`: :class:`ReplayMemory` (the ring, sampling, statistics);
 * :mod:`~expreplay.storage.writers`: :class:`LaneWriter` and :class:`BatchWriter` (the write path);
+* :mod:`~expreplay.storage.draw`: :class:`DrawSettings`, how a batch's transitions are read;
 * :mod:`~expreplay.storage.distribution`: how a sample draws, uniformly or by priority;
 * :mod:`~expreplay.storage.priority`: the sum tree behind prioritized sampling;
 * :mod:`~expreplay.storage.checkpoint`: ``save`` / ``load`` and the checks a loaded file passes;
@@ -14,9 +15,10 @@ to numpy when it is not built or switched off.
 """
 
 from .checkpoint import CheckpointError
+from .draw import DrawSettings
 from .memory import Experience, ReplayMemory, SampleBatch
 from .stored_episodes import StoredEpisodes
 from .writers import BatchWriter, LaneWriter
 
 __all__ = ['ReplayMemory', 'SampleBatch', 'Experience', 'LaneWriter', 'BatchWriter',
-           'CheckpointError', 'StoredEpisodes']
+           'CheckpointError', 'StoredEpisodes', 'DrawSettings']

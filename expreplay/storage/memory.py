@@ -34,6 +34,7 @@ from .._checks import (check_allocatable, check_bool, check_choice, check_dtype,
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
+from .draw import DrawSettings
 from .distribution import PrioritizedDistribution, SamplingDistribution, UniformDistribution
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
@@ -194,7 +195,7 @@ class ReplayMemory:
         """``{'alpha': ..., 'priority_eps': ...}`` of a prioritized memory; None if uniform."""
         return self.ring.distribution.settings
 
-    def sample_batch(self, batch_size: int | float, rng: Any = None, layout: str = 'NHWC', *,
+    def sample_batch(self, batch_size: int | float, rng: Any = None, layout: str | None = None, *,
                      out: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """Sample ``batch_size`` transitions uniformly (with replacement) from the valid ones.
 
@@ -203,8 +204,8 @@ class ReplayMemory:
             rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
                 A seed (an int) is refused with a TypeError naming ``rng``: a seed given per
                 call would draw the same batch every time; pass ``numpy.random.default_rng(seed)``.
-            layout: ``'NHWC'`` (channels-last, tensorpack's DQNModel) or ``'NCHW'``
-                (channels-first, for models that transpose on the device).
+            layout (str): the states' layout (:class:`~expreplay.storage.draw.DrawSettings`;
+                None: its default, ``'NHWC'``, tensorpack's).
             out (list, optional): a 4-list returned by an earlier ``sample_batch`` of the same
                 ``batch_size`` and ``layout``, whose arrays are filled in place and returned,
                 so that a sampling loop allocates nothing (see :meth:`sample`'s ``out``).
@@ -221,15 +222,16 @@ class ReplayMemory:
                 not fit the batch.
         """
         size: int = check_int(batch_size, 'batch_size', 1, allow_float=True)
-        check_choice(layout, 'layout', ('NHWC', 'NCHW'))
+        layout = DrawSettings.given(layout=layout).layout
         rng = self._rng if rng is None else check_rng(rng, 'rng')
         if out is not None:
-            self.sampler.check_out(out, size, layout, 'sample_batch')
+            self.sampler.check_comb_out(out, size, layout)
         return self.sampler.comb_batch(size, rng, layout, out)
 
-    def sample(self, batch_size: int | float, *, n_step: int = 1, gamma: float = 0.99,
-               beta: float | None = None, layout: str = 'NHWC', rng: Any = None,
-               out: SampleBatch | None = None, weight_norm: str = 'memory') -> SampleBatch:
+    def sample(self, batch_size: int | float, *, n_step: int | None = None,
+               gamma: float | None = None, beta: float | None = None, layout: str | None = None,
+               rng: Any = None, out: SampleBatch | None = None,
+               weight_norm: str | None = None) -> SampleBatch:
         """Sample ``batch_size`` n-step transitions (with replacement) as a :class:`SampleBatch`.
 
         A transition from the state at step ``t`` sums the rewards of steps ``t .. t + k - 1``
@@ -253,12 +255,11 @@ class ReplayMemory:
 
         Args:
             batch_size (int): number of transitions (whole floats accepted, as for the sizes).
-            n_step (int): steps summed, >= 1.
-            gamma (float): discount in (0, 1].
+            n_step, gamma, layout, weight_norm: the draw's settings, documented (with their
+                defaults, used for those not given or None) by
+                :class:`~expreplay.storage.draw.DrawSettings`.
             beta (float, optional): importance-sampling exponent in [0, 1] for a prioritized
                 memory; None gives weights of 1. A uniform memory's weights are always 1.
-            layout: ``'NHWC'`` gives ``state`` and ``next_state`` of shape
-                ``(B, *state_shape, history_len)``; ``'NCHW'`` ``(B, history_len, *state_shape)``.
             rng: a ``numpy.random.Generator`` or ``RandomState``; the memory's own by default.
                 A seed (an int) is refused with a TypeError naming ``rng``: a seed given per
                 call would draw the same batch every time; pass ``numpy.random.default_rng(seed)``.
@@ -267,26 +268,29 @@ class ReplayMemory:
                 new batch and it is returned, so that a sampling loop allocates nothing
                 (``batch = mem.sample(64, out=batch)``). The caller must be done with the
                 previous contents, which are gone.
-            weight_norm: ``'memory'``: prioritized weights divided by the memory's largest;
-                ``'batch'``: by the batch's, each batch's largest being 1 (docs/rainbow.md).
 
         Raises:
             ValueError: a bad argument (named), ``out`` that does not fit the batch, or fewer
                 than ``batch_size`` valid transitions.
             TypeError: ``rng`` is not a numpy generator.
         """
+        draw = DrawSettings.given(n_step=n_step, gamma=gamma, layout=layout,
+                                  weight_norm=weight_norm)
+        return self.draw(batch_size, draw, beta=beta, rng=rng, out=out)
+
+    def draw(self, batch_size: int | float, settings: DrawSettings, *, beta: float | None = None,
+             rng: Any = None, out: SampleBatch | None = None) -> SampleBatch:
+        """:meth:`sample` with its settings as one :class:`~expreplay.storage.draw.DrawSettings`
+        (how a :class:`~expreplay.stream.sampling.Sampling` draws: its settings are checked
+        once, when it is built). The other arguments and the batch are :meth:`sample`'s."""
         size: int = check_int(batch_size, 'batch_size', 1, allow_float=True)
-        n_step = check_int(n_step, 'n_step', 1)
-        gamma = check_real(gamma, 'gamma')
-        if not 0.0 < gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        if not isinstance(settings, DrawSettings):
+            raise TypeError(f"settings must be a DrawSettings, got {type(settings).__name__}")
         beta = None if beta is None else check_probability(beta, 'beta')
-        check_choice(layout, 'layout', ('NHWC', 'NCHW'))
-        check_choice(weight_norm, 'weight_norm', ('memory', 'batch'))
         rng = self._rng if rng is None else check_rng(rng, 'rng')
         if out is not None:
-            self.sampler.check_out(out, size, layout, 'sample')
-        return self.sampler.n_step_batch(size, n_step, gamma, beta, layout, rng, out, weight_norm)
+            self.sampler.check_sample_out(out, size, settings.layout)
+        return self.sampler.n_step_batch(size, settings, beta, rng, out)
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
         """Give sampled transitions new priorities (the learner's |TD error|, >= 0).

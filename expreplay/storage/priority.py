@@ -257,7 +257,7 @@ class PriorityIndex:
         except OverflowError:
             return np.inf
 
-    def check_priorities(self, priorities: np.ndarray, name: str = 'priorities') -> None:
+    def check_priorities(self, priorities: np.ndarray) -> None:
         """Refuse raw priorities above :attr:`priority_bound`.
 
         The rule: a priority ``p`` is accepted when ``(p + eps) ** alpha``, its value in the
@@ -269,7 +269,7 @@ class PriorityIndex:
         """
         if len(priorities) and priorities.max() > self.priority_bound:
             raise ValueError(
-                f"{name} must be at most {self.priority_bound:.4g} for this memory "
+                f"priorities must be at most {self.priority_bound:.4g} for this memory "
                 f"(alpha={self.alpha:g}, {self.tree.capacity} slots) so that the priority "
                 f"tree's sums stay finite; got {float(priorities.max())!r}")
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from ._gather import gather_frames
 from ._recycled import ArrayPool
 from ._slots import _HAS_ACTION, _TERMINATED, _VALID
 from .ring import BlockRing
+
+if TYPE_CHECKING:
+    from .draw import DrawSettings
 
 __all__ = ['SampleBatch', 'Sampler']
 
@@ -135,12 +138,12 @@ class Sampler:
         return [comb_state, ring.action[slots], ring.reward[slots],
                 (ring.flags[slots] & _TERMINATED) != 0]
 
-    def n_step_batch(self, batch_size: int, n_step: int, gamma: float, beta: float | None,
-                     layout: str, rng: Any, out: SampleBatch | None,
-                     weight_norm: str = 'memory') -> SampleBatch:
+    def n_step_batch(self, batch_size: int, settings: DrawSettings, beta: float | None, rng: Any,
+                     out: SampleBatch | None) -> SampleBatch:
         """A :class:`SampleBatch` of n-step transitions, drawn by the ring's distribution."""
-        out, weights = self.ring.lock.run(self._n_step_locked, batch_size, n_step, gamma, beta,
-                                          layout, rng, out, weight_norm)
+        out, weights = self.ring.lock.run(self._n_step_locked, batch_size, settings.n_step,
+                                          settings.gamma, beta, settings.layout, rng, out,
+                                          settings.weight_norm)
         if weights is None:
             out.weights.fill(1.0)
         else:
@@ -183,17 +186,19 @@ class Sampler:
             np.copyto(out.extras[name], values)
         return out
 
-    def check_out(self, out: Any, batch_size: int, layout: str, method: str) -> None:
-        """Refuse an ``out=`` of ``method`` (``'sample'``: a :class:`SampleBatch`;
-        ``'sample_batch'``: a 4-list) that is not a batch of ``batch_size`` in ``layout``."""
-        h = self.ring.history_len
-        if method == 'sample_batch':
-            _check_out(out, {0: self.state_shape(batch_size, h + 1, layout)}, method)
-            return
+    def check_comb_out(self, out: Any, batch_size: int, layout: str) -> None:
+        """Refuse an ``out=`` of ``sample_batch`` that is not a 4-list of ``batch_size`` in
+        ``layout``."""
+        shape = self.state_shape(batch_size, self.ring.history_len + 1, layout)
+        _check_out(out, {0: shape}, 'sample_batch')
+
+    def check_sample_out(self, out: Any, batch_size: int, layout: str) -> None:
+        """Refuse an ``out=`` of ``sample`` that is not a :class:`SampleBatch` of
+        ``batch_size`` in ``layout`` with this memory's extra fields."""
         if not isinstance(out, SampleBatch):
             raise TypeError(f"out must be a SampleBatch from sample(), got {type(out).__name__}")
-        shape = self.state_shape(batch_size, h, layout)
-        _check_out(out, {0: shape, 3: shape}, method)
+        shape = self.state_shape(batch_size, self.ring.history_len, layout)
+        _check_out(out, {0: shape, 3: shape}, 'sample')
         if set(out.extras) != set(self.ring.extras):
             raise ValueError("out: its extras are not this memory's extra fields")
 
@@ -224,12 +229,11 @@ class Sampler:
         return SampleBatch(state, action, reward, next_state, discount, is_over, indices, weights,
                            extras=dict(zip(extras, more)))
 
-    def kernel(self, frames: int = 1, layout: str = 'NCHW') -> Any:
+    def kernel(self, frames: int, layout: str) -> Any:
         """The C sampler bound to the ring's tables (``_gather_ext.Ring``), or None: this
         sampler was built without it (not built, or inside
         :func:`expreplay._kernels.numpy_only`), or a layout it does not take (channels-last
-        needs 1-byte frames, at most 8 a row). The defaults ask only whether the sampler has
-        it (for the draw)."""
+        needs 1-byte frames, at most 8 a row)."""
         kernel = self._kernel
         if kernel is None or not _gather.sampler_takes(self.ring.frames, frames, layout):
             return None
@@ -253,7 +257,7 @@ class Sampler:
         exceptions are each episode's final frame and a few slots at block edges).
         """
         ring = self.ring
-        kernel = self.kernel()
+        kernel = self.kernel(1, 'NCHW')      # any layout: only the draw is asked for
         if kernel is not None:         # the same draws, mapped and filtered in C
             chosen = np.empty(n, np.int64)
             total, got = kernel.written(), 0

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from .._checks import check_choice
 
 if TYPE_CHECKING:
+    from ..storage.draw import DrawSettings
     from ..storage.memory import ReplayMemory
 
 __all__ = ['BatchFormat', 'TRANSITIONS', 'TENSORPACK', 'batch_format']
@@ -30,10 +31,7 @@ class Sampling(Protocol):
     """What a format reads of the :class:`~expreplay.stream.sampling.Sampling` it draws for."""
 
     batch_size: int
-    n_step: int
-    gamma: float
-    layout: str
-    weight_norm: str
+    draw_settings: DrawSettings
 
     def current_beta(self) -> float | None: ...
 
@@ -63,9 +61,8 @@ class _Transitions(BatchFormat):
     name = 'transitions'
 
     def draw(self, sampling: Sampling, memory: ReplayMemory, rng: Any) -> Any:
-        return memory.sample(sampling.batch_size, n_step=sampling.n_step, gamma=sampling.gamma,
-                             beta=sampling.current_beta(), layout=sampling.layout, rng=rng,
-                             weight_norm=sampling.weight_norm)
+        return memory.draw(sampling.batch_size, sampling.draw_settings,
+                           beta=sampling.current_beta(), rng=rng)
 
 
 class _Tensorpack(BatchFormat):
@@ -89,7 +86,8 @@ class _Tensorpack(BatchFormat):
                 "(prioritized=False)")
 
     def draw(self, sampling: Sampling, memory: ReplayMemory, rng: Any) -> Any:
-        return memory.sample_batch(sampling.batch_size, rng=rng, layout=sampling.layout)
+        return memory.sample_batch(sampling.batch_size, rng=rng,
+                                   layout=sampling.draw_settings.layout)
 
 
 TRANSITIONS: BatchFormat = _Transitions()

@@ -96,7 +96,7 @@ class Prefetcher:
 
     END = object()   # what get() returns once stopped
 
-    def __init__(self, produce: Callable[[], Any], depth: int, *, name: str = 'Prefetcher',
+    def __init__(self, produce: Callable[[], Any], depth: int, *, name: str,
                  thread_context: Callable[[], contextlib.AbstractContextManager] | None = None,
                  start: bool = True) -> None:
         if not callable(produce):

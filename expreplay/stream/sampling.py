@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Callable, Union
 
 import numpy as np
 
-from .._checks import check_choice, check_int, check_probability, check_real, check_seed
+from .._checks import check_int, check_probability, check_real, check_seed
+from ..storage.draw import DrawSettings
 from .batch_format import BatchFormat, batch_format as as_batch_format
 from .ratelimit import SampleToInsertRatio
 
@@ -40,15 +41,13 @@ class Sampling:
             transitions per inserted one, with a
             :class:`~expreplay.stream.ratelimit.SampleToInsertRatio` limiter (a fractional ratio,
             e.g. 0.5, is fine).
-        n_step (int): rewards summed per transition (n-step returns, >= 1).
-        gamma (float): the discount of the n-step sums, in (0, 1].
+        n_step, gamma, weight_norm, layout: how the transitions are drawn, documented (with
+            their defaults, used for those not given or None) by
+            :class:`~expreplay.storage.draw.DrawSettings`; kept as :attr:`draw_settings` and
+            readable as attributes of these names.
         beta (float or callable): importance-sampling exponent of prioritized replay in [0, 1],
             or a schedule ``beta(k)`` of the batch number k (0 for the first batch); None:
             weights of 1.
-        weight_norm (str): what the importance weights are divided by, ``'memory'`` or
-            ``'batch'`` (see :meth:`ReplayMemory.sample <expreplay.ReplayMemory.sample>`).
-        layout (str): ``'NHWC'`` (frames on the last axis, tensorpack's DQNModel) or
-            ``'NCHW'`` (frames first, for models that transpose on the device).
         seed (int): seeds the draws; None: unseeded.
         batch_format (str or BatchFormat): ``'transitions'`` (the default): every batch is a
             :class:`~expreplay.storage.memory.SampleBatch`, whatever the other settings, with
@@ -78,9 +77,9 @@ class Sampling:
     """
 
     def __init__(self, batch_size: int, update_frequency: int | None = None, *,
-                 samples_per_insert: float | None = None, n_step: int = 1, gamma: float = 0.99,
-                 beta: Beta = None, weight_norm: str = 'memory', layout: str = 'NHWC',
-                 seed: int | None = None, batch_format: str | BatchFormat = 'transitions') -> None:
+                 samples_per_insert: float | None = None, n_step: int | None = None,
+                 gamma: float | None = None, beta: Beta = None, weight_norm: str | None = None,
+                 layout: str | None = None, seed: int | None = None, batch_format: str | BatchFormat = 'transitions') -> None:
         # Sizes take whole floats (tensorpack's DQN.py passes floats), as ReplayMemory.
         self.batch_size = check_int(batch_size, 'batch_size', 1, allow_float=True)
         self.update_frequency: int | None
@@ -99,21 +98,38 @@ class Sampling:
             self.samples_per_insert = None
             self.update_frequency = check_int(update_frequency, 'update_frequency', 1,
                                               allow_float=True)
-        self.n_step = check_int(n_step, 'n_step', 1)
-        self.gamma = check_real(gamma, 'gamma')
-        if not 0.0 < self.gamma <= 1.0:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
+        #: How the transitions are drawn (n_step, gamma, layout, weight_norm), checked once.
+        self.draw_settings = DrawSettings.given(n_step=n_step, gamma=gamma, layout=layout,
+                                                weight_norm=weight_norm)
         if beta is not None and not callable(beta):
             check_probability(beta, 'beta')
         self.beta = beta
-        self.weight_norm = check_choice(weight_norm, 'weight_norm', ('memory', 'batch'))
-        self.layout = check_choice(layout, 'layout', ('NHWC', 'NCHW'))
         self.seed = check_seed(seed, 'seed')
         self.batch_format = as_batch_format(batch_format)
         self.batch_format.check(self.n_step)
         self._rng = np.random.default_rng(seed)
         self._lock = threading.Lock()     # the rng and the batch count: any thread may draw
         self.batches_sampled = 0          # batches drawn (the beta schedule's k)
+
+    @property
+    def n_step(self) -> int:
+        """Rewards summed per transition (:attr:`draw_settings`)."""
+        return self.draw_settings.n_step
+
+    @property
+    def gamma(self) -> float:
+        """The discount of the n-step sums (:attr:`draw_settings`)."""
+        return self.draw_settings.gamma
+
+    @property
+    def layout(self) -> str:
+        """The states' layout, ``'NHWC'`` or ``'NCHW'`` (:attr:`draw_settings`)."""
+        return self.draw_settings.layout
+
+    @property
+    def weight_norm(self) -> str:
+        """What importance weights are divided by (:attr:`draw_settings`)."""
+        return self.draw_settings.weight_norm
 
     @property
     def steps_per_batch(self) -> int:

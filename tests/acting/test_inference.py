@@ -26,7 +26,7 @@ def _blocking_predictor(calls, release, entered):
 
 def test_inference_thread_merges_other_submitters_never_one_submitter_twice():
     calls, release, entered = [], threading.Event(), threading.Event()
-    it = InferenceThread(_blocking_predictor(calls, release, entered), max_batch=3)
+    it = InferenceThread(_blocking_predictor(calls, release, entered), max_batch=3, name='InferenceThread')
     first = it.submit(np.array([[0.0]]), owner='a')
     assert entered.wait(GUARD)                    # the thread is inside the first call
     queued = [it.submit(np.array([[1.0], [2.0]]), 'a'), it.submit(np.array([[3.0]]), 'a'),
@@ -52,7 +52,7 @@ def test_inference_thread_delivers_errors_and_close_releases_waiters():
     def bad(states):
         raise ValueError('bad weights')
 
-    it = InferenceThread(bad)
+    it = InferenceThread(bad, 32, name='InferenceThread')
     preds = [it.submit(np.zeros((1, 1)), 'a'), it.submit(np.zeros((2, 1)), 'b')]
     for p in preds:
         with pytest.raises(PredictorError, match='bad weights') as info:
@@ -62,7 +62,7 @@ def test_inference_thread_delivers_errors_and_close_releases_waiters():
     it.thread.join(GUARD)
 
     calls, release, entered = [], threading.Event(), threading.Event()
-    it = InferenceThread(_blocking_predictor(calls, release, entered))
+    it = InferenceThread(_blocking_predictor(calls, release, entered), 32, name='InferenceThread')
     running = it.submit(np.zeros((1, 1)))
     assert entered.wait(GUARD)
     waiting = it.submit(np.ones((1, 1)))

@@ -154,7 +154,7 @@ def test_the_memory_sampler_resolves_histories_like_the_memory():
         assert len(slots) > 100
         assert (mem.ring.epstep[slots] < h - 1).any() or h == 1                # zero-padded ones
         assert (slots % mem.block_size < h - 1).any() or h == 1            # across a block edge
-        ring = mem.sampler.kernel()
+        ring = mem.sampler.kernel(1, 'NCHW')
         for layout in ('NHWC', 'NCHW'):
             out = mem.sampler.empty_sample(len(slots), mem.sampler.state_shape(len(slots), h, layout))
             ring.sample(slots, 3, 0.9, layout == 'NCHW', out.state, out.next_state, out.action,

@@ -350,7 +350,7 @@ def test_a_memory_and_its_writers_keep_the_path_they_were_built_with(built, used
             else:
                 batch.add_steps(*args, checked=True)
         assert taken > 20 if c else taken == 0
-        assert (mem.sampler.kernel() is not None) == c
+        assert (mem.sampler.kernel(1, 'NCHW') is not None) == c
         assert (batch.kernel_binding() is not None) == c
         assert (mem.ring.priorities.tree._ext is not None) == c
         sample = mem.sample(32)

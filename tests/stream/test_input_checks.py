@@ -265,7 +265,7 @@ def build_stream(**kwargs):
     (dict(exploration=1.5), ValueError, 'exploration'),
     (dict(exploration='1'), ValueError, 'exploration'),
     (dict(maximum_staleness=0), ValueError, 'maximum_staleness'),
-    (dict(layout=None), ValueError, 'layout'),
+    (dict(layout='channels_last'), ValueError, 'layout'),
     (dict(get_player=None), TypeError, 'get_player'),
     (dict(predictor=42), TypeError, 'predictor'),
     (dict(on_episode_end=42), TypeError, 'on_episode_end'),

@@ -101,9 +101,9 @@ def test_an_error_no_get_raised_is_kept_for_the_owner():
 
 def test_bad_depth():
     with pytest.raises(ValueError, match='depth'):
-        Prefetcher(lambda: 1, 0)
+        Prefetcher(lambda: 1, 0, name='test-prefetch')
     with pytest.raises(TypeError, match='produce'):
-        Prefetcher(3, 1)
+        Prefetcher(3, 1, name='test-prefetch')
 
 
 # ---------------------------------------------------------------------- in a ReplayStream
@@ -221,14 +221,14 @@ class FailingMemory(ReplayMemory):
 
     fail_at = 7
 
-    def sample(self, *args, **kwargs):   # what a stream's batches come from
+    def draw(self, *args, **kwargs):     # what a stream's batches come from
         self.calls = getattr(self, 'calls', 0) + 1
         if self.calls == self.fail_at:
             try:
                 raise IndexError('slot -10')
             except IndexError as err:
                 raise RuntimeError('gather failed') from err
-        return super().sample(*args, **kwargs)
+        return super().draw(*args, **kwargs)
 
 
 @pytest.mark.parametrize('prefetch', [0, 3])

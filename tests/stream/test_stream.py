@@ -142,9 +142,9 @@ class DrawLog(ReplayMemory):
         self._record()
         return super().sample_batch(*args, **kwargs)
 
-    def sample(self, *args, **kwargs):
+    def draw(self, *args, **kwargs):     # sample() and the stream's SampleBatches
         self._record()
-        return super().sample(*args, **kwargs)
+        return super().draw(*args, **kwargs)
 
 
 def draw_logged_stream(factory, **kwargs):
