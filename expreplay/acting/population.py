@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 
 from .._threads import DaemonThread
-from .._checks import check_callable, check_choice, check_int, check_probability, check_seed
+from .._checks import check_callable, check_int, check_seed
+from ..storage.draw import DrawSettings
 from ..stats import ManagerStats, PopulationStats, ScoreWindow
 from .exploration import Exploration, ExplorationArg
 from ..lags import DataLags
@@ -181,6 +182,7 @@ class Population:
         self.runners: list[EnvRunner] = []
         self.manager: EnvRunnerManager | None = None
         self._first_player: Any = None    # built by check_fits, given to the first runner
+        self._fits: tuple[Any, ...] | None = None   # (player, state_shape, dtype) checked last
         self._closed = False
         self._starting = False            # a start() has claimed the population
         self._builder: DaemonThread | None = None   # the thread building the manager
@@ -236,6 +238,30 @@ class Population:
         return self.manager_settings.close_timeout
 
     # ------------------------------------------------------------------ checks and start
+    def frame_shape(self) -> tuple[int, ...]:
+        """The frame shape the players declare: the first player's observation space (a
+        vector player's ``single_observation_space``), for a memory built to fit them.
+
+        Builds the first player, kept for the first runner (as :meth:`check_fits` does: no
+        player is built only to look). TypeError if it declares no observation space.
+        """
+        player = self._take_first_player()
+        space = (getattr(player, 'single_observation_space', None)
+                 or getattr(player, 'observation_space', None))
+        shape = getattr(space, 'shape', None)
+        if shape is None:
+            raise TypeError("get_player() returns a player without an observation space: give "
+                            "the memory's state_shape")
+        return tuple(shape)
+
+    def _take_first_player(self) -> Any:
+        """The first player, built now if it is not yet (None once started or closed)."""
+        player = self._first_player
+        if player is None and not self._starting and not self._closed:
+            # User code, run with no lock held: a Ctrl-C reaches it as anywhere else.
+            player = self._first_player = self.get_player()
+        return player
+
     def check_fits(self, state_shape: tuple[int, ...], dtype: np.dtype, *,
                    shape_arg: str = 'state_shape', dtype_arg: str = 'dtype') -> None:
         """Refuse players whose observations a memory of ``state_shape`` frames of ``dtype``
@@ -246,12 +272,9 @@ class Population:
         checked here (its observations are, at every step). Raises ValueError naming
         ``shape_arg`` or ``dtype_arg`` (the caller's names for the two settings) and the fix.
         """
-        player = self._first_player
-        if player is None and not self._starting and not self._closed:
-            # User code, run with no lock held: a Ctrl-C reaches it as anywhere else.
-            player = self._first_player = self.get_player()
-        if player is None:
-            return
+        player = self._take_first_player()
+        if player is None or self._fits == (player, state_shape, dtype):
+            return      # this player was checked for these frames (by a front end, say)
         try:
             check_observation_space(player, state_shape, dtype, shape_arg=shape_arg,
                                     dtype_arg=dtype_arg)
@@ -259,6 +282,7 @@ class Population:
             self._first_player = None     # refused: not kept for a runner
             _close_quietly(player)
             raise
+        self._fits = (player, state_shape, dtype)
 
     def start(self, memory: ReplayMemory, *, default_staleness: int | None = None,
               layout: str | None = None) -> None:
@@ -280,7 +304,7 @@ class Population:
         from another thread waits for the manager's construction only (milliseconds), not
         for the players; the start closes what it built once it sees the population closed.
         """
-        frames_first = check_choice(layout or 'NHWC', 'layout', ('NHWC', 'NCHW')) == 'NCHW'
+        frames_first = DrawSettings.given(layout=layout).layout == 'NCHW'
         staleness = self.maximum_staleness
         if staleness is None:
             if default_staleness is None:
@@ -481,7 +505,7 @@ class Population:
 
 
 def check_observation_space(player: Any, state_shape: tuple[int, ...], dtype: Any, *,
-                            shape_arg: str = 'state_shape', dtype_arg: str = 'dtype') -> None:
+                            shape_arg: str, dtype_arg: str) -> None:
     """Refuse ``player`` if its observation space has frames a memory of ``state_shape`` and
     ``dtype`` can not store (see :meth:`Population.check_fits`)."""
     space = getattr(player, 'single_observation_space', None)

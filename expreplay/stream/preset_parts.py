@@ -53,18 +53,22 @@ def build_preset_stream(stream_type: type, preset: Preset,
     elif get_player is None:
         raise TypeError(f"{preset.name} needs get_player (or a population)")
 
-    if memory_args is not None:
-        if 'state_shape' not in memory_args:
-            memory_args['state_shape'] = _observation_shape(get_player)
-        memory = ReplayMemory(**memory_args)
-    fill = check_int(stream_settings.setdefault('init_memory_size',
-                                                preset.fill(memory.max_size)),
+    # The fill follows the memory's size (checked by the memory's rule before it is built:
+    # the memory is built last, when the players have said their frame shape).
+    max_size = (memory.max_size if memory_args is None else
+                check_int(memory_args['max_size'], 'max_size', 1, allow_float=True))
+    fill = check_int(stream_settings.setdefault('init_memory_size', preset.fill(max_size)),
                      'init_memory_size', 0, allow_float=True)
     schedule = None
     if population_args is not None:
         if 'exploration' not in population_args:
             schedule = population_args['exploration'] = FrameSchedule(preset.epsilon, fill)
         population = Population(get_player, predictor=predictor, **population_args)
+    if memory_args is not None:
+        if 'state_shape' not in memory_args:
+            # What the players declare; the player built to read it is the first runner's.
+            memory_args['state_shape'] = population.frame_shape()
+        memory = ReplayMemory(**memory_args)
     if sampling_args is not None:
         sampling = Sampling(**sampling_args)
     stream = stream_type(memory, population, sampling, **stream_settings)
@@ -85,21 +89,3 @@ def _part_settings(given: Any, part_type: type, name: str,
         return {**values, **given}
     raise TypeError(f"{name} must be a {part_type.__name__} or a mapping of its settings, got "
                     f"{type(given).__name__}")
-
-
-def _observation_shape(get_player: Callable[[], Any]) -> tuple[int, ...]:
-    """The frame shape of the players ``get_player`` makes (a vector player's sub-envs'),
-    from the observation space one declares (built and closed for it)."""
-    player = get_player()
-    try:
-        space = (getattr(player, 'single_observation_space', None)
-                 or getattr(player, 'observation_space', None))
-        shape = getattr(space, 'shape', None)
-        if shape is None:
-            raise TypeError("get_player() returns a player without an observation space: give "
-                            "memory={'state_shape': ...}")
-        return tuple(shape)
-    finally:
-        close = getattr(player, 'close', None)
-        if close is not None:
-            close()

@@ -384,8 +384,11 @@ def test_a_float_space_is_refused_by_a_float16_memory_naming_the_fix():
         observation_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     with pytest.raises(ValueError, match=r"observations are float32 .* which dtype='float16' can "
                                          r"not store: pass dtype='float32'"):
-        check_observation_space(Player(), (4,), 'float16')
+        check_observation_space(Player(), (4,), 'float16', shape_arg='state_shape',
+                                dtype_arg='dtype')
     with pytest.raises(ValueError, match=r"state_dtype='float16' can not store: pass "
                                          r"state_dtype='float32'"):
-        check_observation_space(Player(), (4,), 'float16', dtype_arg='state_dtype')
-    check_observation_space(Player(), (4,), 'float32')      # stored as they come
+        check_observation_space(Player(), (4,), 'float16', shape_arg='state_shape',
+                                dtype_arg='state_dtype')
+    check_observation_space(Player(), (4,), 'float32', shape_arg='state_shape',
+                            dtype_arg='dtype')      # stored as they come

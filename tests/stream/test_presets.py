@@ -65,10 +65,10 @@ def test_minatar_preset_is_the_papers_replay(closing):
     closing(stream)
     memory, sampling, population = stream.memory, stream.sampling, stream.population
     assert memory.max_size == 100_000 and memory.history_len == 1
-    assert memory.state_shape == (10, 10, 4)      # read from a player, built and closed for it
+    assert memory.state_shape == (10, 10, 4)      # what the players' space declares
     assert memory.dtype == np.dtype(bool) and not memory.prioritized
-    # One player built and closed to read the shape, one kept for the runner (check_fits).
-    assert MinAtarLike.made - made == 2 and MinAtarLike.closed - closed == 1
+    # The player built to read the shape is the runner's: none is built only to look.
+    assert MinAtarLike.made - made == 1 and MinAtarLike.closed - closed == 0
     assert sampling.batch_size == 32 and sampling.update_frequency == 1
     assert sampling.n_step == 1 and sampling.gamma == 0.99
     assert stream.init_memory_size == 5_000
