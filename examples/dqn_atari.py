@@ -92,7 +92,7 @@ from dqn_eval import evaluate  # noqa: E402
 from dqn_model import DQNModel, PrioritizedNStepDQN  # noqa: E402
 import gymnasium as gym  # noqa: E402
 from expreplay import ManagerSettings, RunnerSettings  # noqa: E402
-from expreplay.tensorpack_io import CLOSE_TIMEOUT  # noqa: E402
+from expreplay.tensorpack_io import CLOSE_TIMEOUT, MemoryCheckpoints  # noqa: E402
 from tensorpack import (Callback, OfflinePredictor, PeriodicTrigger, PredictConfig,  # noqa: E402
                         QueueInput, ScheduledHyperParamSetter, SimpleTrainer, SmartInit,
                         TrainConfig, launch_train_with_config, logger)
@@ -131,7 +131,7 @@ def start_training(args, num_actions):
             manager=ManagerSettings(simulator_threads=args.simulator_threads or None,
                                     close_timeout=CLOSE_TIMEOUT)),
         # Saved when training ends (and every k epochs); --resume loads it instead of refilling.
-        checkpoint_dir=args.logdir, checkpoint_every_k_epochs=args.save_memory_every or None)
+        checkpoint=MemoryCheckpoints(args.logdir, every_k_epochs=args.save_memory_every or None))
     callbacks = [
         # The epoch's monitors are minutes away: a line soon after the fill, then regularly.
         ProgressLog(replay, every=args.progress_every, first=args.progress_every / 2),
@@ -144,7 +144,7 @@ def start_training(args, num_actions):
         ScheduledHyperParamSetter('learning_rate', [(0, args.lr), (60, args.lr / 2), (400, args.lr / 10)]),
     ]
     session_init, starting_epoch = (SmartInit(args.load) if args.load else None), 1
-    if args.resume:   # the memory came back above (ExpReplay loads the checkpoint_dir's memory)
+    if args.resume:   # the memory came back above (ExpReplay loads the checkpoint's memory)
         session_init, starting_epoch, checkpoint = atari_run.resume_point(args)
         callbacks.append(atari_run.resume_report(replay, checkpoint, starting_epoch, args))
     if args.eval_every:

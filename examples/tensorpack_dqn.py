@@ -57,14 +57,13 @@ def make_replay(args, *, get_player, players, state_shape, history, dtype, init_
     ``update_frequency`` (agent steps per training step), ``seed`` (the players' and the
     draws'), ``n_step``, ``prioritized``, ``alpha`` and ``beta`` (its start, annealed to 1 over
     ``training_steps``). ``acting``: more options of the ``Population`` (``maximum_staleness``,
-    ``runner_kwargs``, ``manager_kwargs``, ``on_episode_end``, ...); ``sampling``: more of the
-    ``Sampling`` (``weight_norm``, ...); ``options`` go to ExpReplay as they are
-    (``checkpoint_dir``, ``checkpoint_every_k_epochs``, ``prefetch``).
+    ``runner`` settings, ``on_episode_end``, ...); ``sampling``: more of the ``Sampling``
+    (``weight_norm``, ...); ``options`` go to ExpReplay as they are (``checkpoint``,
+    ``prefetch``).
     """
     acting = dict(acting or {})
     # ExpReplay's close timeout (its own population's): the threads end before the Session.
-    acting['manager_kwargs'] = dict({'close_timeout': CLOSE_TIMEOUT},
-                                    **(acting.get('manager_kwargs') or {}))
+    acting.setdefault('manager', expreplay.ManagerSettings(close_timeout=CLOSE_TIMEOUT))
     return expreplay.ExpReplay(
         predictor_io_names=(['state'], ['Qvalue']),   # the model's input and output tensors
         get_player=get_player,

@@ -14,11 +14,12 @@ fix when TensorFlow was already imported without it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import numpy as np
@@ -65,7 +66,8 @@ try:
 except ImportError as err:
     raise extra_import_error('ExpReplay', 'tensorpack', err) from err
 
-from ._checks import check_bool, check_int  # noqa: E402
+from ._checks import check_dtype, check_int  # noqa: E402
+from .acting.settings import ManagerSettings  # noqa: E402
 from .acting.population import Population  # noqa: E402
 from .presets import ATARI_DQN, FrameSchedule  # noqa: E402
 from .storage.memory import ReplayMemory  # noqa: E402
@@ -105,8 +107,32 @@ def _tensorpack_progress(total: int, desc: str) -> Any:
 #: Seconds ExpReplay's own population waits for its threads when training ends (the manager's
 #: ``close_timeout``). Waiting for a simulator thread to finish its env step or predictor call
 #: is cheap then, and a thread left running would call a closed Session: give a population
-#: you pass in ``manager_kwargs={'close_timeout': CLOSE_TIMEOUT}`` too.
+#: you pass in ``manager=ManagerSettings(close_timeout=CLOSE_TIMEOUT)`` too.
 CLOSE_TIMEOUT = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryCheckpoints:
+    """Where and how often :class:`ExpReplay` saves its memory (frozen).
+
+    Attributes:
+        directory (str): the stream's ``checkpoint_dir``. A training started with a directory
+            that holds a checkpoint loads it into the memory instead of filling it again (it
+            must have the memory's settings); the memory is saved there when training ends.
+        every_k_epochs (int): also save the memory every k epochs (e.g. as often as
+            ``ModelSaver`` saves the model, so that a crash resumes from a matching pair).
+            None: only at the end.
+    """
+
+    directory: str | os.PathLike
+    every_k_epochs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.directory, (str, os.PathLike)):
+            raise TypeError(f"directory must be a path, got {self.directory!r}")
+        if self.every_k_epochs is not None:
+            object.__setattr__(self, 'every_k_epochs', check_int(
+                self.every_k_epochs, 'every_k_epochs', 1, allow_float=True))
 
 
 class ExpReplay(DataFlow, Callback):
@@ -133,7 +159,7 @@ class ExpReplay(DataFlow, Callback):
     population's ``num_parallel_players`` runners and fills the memory before training
     (``_before_train``), reports statistics to the trainer's monitors after every epoch
     (``_trigger``), and stops every simulator thread when training ends (``_after_train``),
-    saving the memory first if ``checkpoint_dir`` is set.
+    saving the memory first if a ``checkpoint`` is given.
 
     Set :attr:`exploration` (epsilon) directly or with
     ``ScheduledHyperParamSetter(ObjAttrParam(expreplay, 'exploration'), ...)``: the runners use
@@ -141,7 +167,7 @@ class ExpReplay(DataFlow, Callback):
     ``expreplay.stream.sampling.batch_size``, ``expreplay.stream.population.seed``,
     ``expreplay.mem.max_size``, ``expreplay.stream.maximum_staleness``...
 
-    Args:
+    Args (tensorpack's ten, then the parts):
         predictor_io_names (tuple[list[str], list[str]]): input and output tensor names of the
             Q-network, e.g. ``(['state'], ['Qvalue'])``, passed to ``trainer.get_predictor``.
             A callable is accepted too and used as the predictor as is (no trainer needed).
@@ -155,7 +181,7 @@ class ExpReplay(DataFlow, Callback):
         update_frequency (int): the sampling's ``update_frequency`` (None with a ``sampling``
             of ``samples_per_insert``).
         history_len (int): the memory's ``history_len``.
-        state_dtype: the memory's ``dtype``.
+        state_dtype: the memory's ``dtype`` (None: the memory's default).
         memory (ReplayMemory): instead of ``ReplayMemory(memory_size, state_shape,
             history_len, state_dtype)``: for prioritized replay (``prioritized``, ``alpha``,
             ``priority_eps``) or any other option of the memory.
@@ -166,22 +192,15 @@ class ExpReplay(DataFlow, Callback):
             ``batch_format='tensorpack'`` for a model of tensorpack's four inputs.
         population (Population): instead of ``Population(get_player, num_parallel_players)``:
             for ``exploration``, ``maximum_staleness``, ``seed``, ``episode_starts``,
-            ``episode_log_dir``, ``on_episode_end``, ``runner_kwargs`` or ``manager_kwargs``.
+            ``episode_log_dir``, ``on_episode_end``, ``runner`` or ``manager`` settings.
             Built without a predictor: ExpReplay gives it the trainer's (or
             ``predictor_io_names`` when that is a callable). The one built here waits
             :data:`CLOSE_TIMEOUT` s for its threads when training ends; one passed in keeps
-            its own ``manager_kwargs``.
-        checkpoint_dir (str): the stream's ``checkpoint_dir``. A training started with a
-            directory that holds a checkpoint loads it into the memory instead of filling it
-            again (it must have the memory's settings); the memory is saved there when
-            training ends.
-        checkpoint_every_k_epochs (int): also save the memory every k epochs (e.g. as often
-            as ``ModelSaver`` saves the model, so that a crash resumes from a matching pair).
-            None: only at the end.
-        episode_log_in_logger_dir (bool): when the population has no ``episode_log_dir``,
-            write its ``episodes.jsonl`` to tensorpack's log directory
-            (``logger.get_logger_dir()``, read when training starts), if one is set. False: no
-            episode log but the population's own.
+            its own ``manager`` settings. A population without an ``episode_log_dir`` (the one
+            built here, say) writes its ``episodes.jsonl`` to tensorpack's log directory
+            (``logger.get_logger_dir()``, read when training starts), if one is set: the
+            training's files in one place.
+        checkpoint (MemoryCheckpoints): where and how often the memory is saved; None: never.
         prefetch (int): the stream's ``prefetch`` (None: its default).
 
     Monitors (after every epoch, under ``expreplay/``): ``mean_score`` and ``max_score`` of
@@ -199,30 +218,29 @@ class ExpReplay(DataFlow, Callback):
     def __init__(self, predictor_io_names: Any, get_player: Callable[[], Any],
                  num_parallel_players: int, state_shape: tuple[int, ...], batch_size: int,
                  memory_size: int, init_memory_size: int, update_frequency: int | None,
-                 history_len: int, state_dtype: Any = 'uint8', *,
+                 history_len: int, state_dtype: Any = None, *,
                  memory: ReplayMemory | None = None, sampling: Sampling | None = None,
                  population: Population | None = None,
-                 checkpoint_dir: str | os.PathLike | None = None,
-                 checkpoint_every_k_epochs: int | None = None,
-                 episode_log_in_logger_dir: bool = True,
+                 checkpoint: MemoryCheckpoints | None = None,
                  prefetch: int | None = None) -> None:
         predictor = self._take_predictor(predictor_io_names)
-        if checkpoint_every_k_epochs is not None:
-            if checkpoint_dir is None:
-                raise ValueError("checkpoint_every_k_epochs needs a checkpoint_dir")
-            checkpoint_every_k_epochs = check_int(checkpoint_every_k_epochs,
-                                                  'checkpoint_every_k_epochs', 1, allow_float=True)
-        self.checkpoint_every_k_epochs = checkpoint_every_k_epochs
-        episode_log_in_logger_dir = check_bool(episode_log_in_logger_dir,
-                                               'episode_log_in_logger_dir')
+        if checkpoint is not None and not isinstance(checkpoint, MemoryCheckpoints):
+            raise TypeError(f"checkpoint must be a MemoryCheckpoints (e.g. MemoryCheckpoints("
+                            f"'train_log/memory', every_k_epochs=10)), got {checkpoint!r}")
+        self.checkpoint = checkpoint
+        # tensorpack's arguments map onto the parts' settings here, in this one place. Those
+        # of another name are read under their tensorpack names first (the rules the parts
+        # apply), so that a bad one is refused naming the argument the script passed.
         if memory is None:
-            memory = _built(lambda: ReplayMemory(memory_size, state_shape, history_len,
-                                                 state_dtype),
-                            {'max_size': 'memory_size', 'dtype': 'state_dtype'})
+            size = check_int(memory_size, 'memory_size', 1, allow_float=True)
+            memory = (ReplayMemory(size, state_shape, history_len) if state_dtype is None else
+                      ReplayMemory(size, state_shape, history_len,
+                                   check_dtype(state_dtype, 'state_dtype')))
         else:
             _agree('memory', memory, ReplayMemory, memory_size=('max_size', memory_size),
                    state_shape=('state_shape', state_shape),
-                   history_len=('history_len', history_len), state_dtype=('dtype', state_dtype))
+                   history_len=('history_len', history_len),
+                   **({} if state_dtype is None else {'state_dtype': ('dtype', state_dtype)}))
         if sampling is None:
             # tensorpack's 4-list is uniform replay's; a prioritized memory's batches need
             # SampleBatch's indices and weights.
@@ -232,27 +250,27 @@ class ExpReplay(DataFlow, Callback):
             _agree('sampling', sampling, Sampling, batch_size=('batch_size', batch_size),
                    update_frequency=('update_frequency', update_frequency))
         if population is None:
-            population = _built(lambda: Population(get_player, num_parallel_players, predictor,
-                                                   manager_kwargs={'close_timeout': CLOSE_TIMEOUT}),
-                                {'num_players': 'num_parallel_players'})
+            population = _tensorpack_population(get_player, num_parallel_players, predictor)
         else:
             _agree('population', population, Population, get_player=('get_player', get_player),
                    num_parallel_players=('num_players', num_parallel_players))
             self._give_predictor(population, predictor)
-        self.stream = ReplayStream(memory, population, sampling, init_memory_size,
-                                   prefetch=prefetch, checkpoint_dir=checkpoint_dir,
-                                   progress=_tensorpack_progress,
-                                   arg_names={'dtype': 'state_dtype'})
+        # The players are checked against the memory under tensorpack's argument names (the
+        # stream's own check then finds the first player checked).
+        population.check_fits(memory.state_shape, memory.dtype, dtype_arg='state_dtype')
         # Tensorpack's log directory is usually set by the script after it builds the dataflow:
         # read in _before_train.
-        self._episode_log_follows_logger = (episode_log_in_logger_dir
-                                            and population.episode_log_dir is None)
+        self._episode_log_follows_logger = population.episode_log_dir is None
+        self.stream = ReplayStream(memory, population, sampling, init_memory_size,
+                                   prefetch=prefetch,
+                                   checkpoint_dir=None if checkpoint is None else checkpoint.directory,
+                                   progress=_tensorpack_progress)
         self._fault: BaseException | None = None   # a simulator fault seen by the DataFlow
         self._fault_raised = False
         if self.stream.resumed:
             logger.info("ExpReplay resumes with %d transitions from %s; the initial fill only adds "
                         "what init_memory_size still asks for.",
-                        len(self.stream.memory), checkpoint_dir)
+                        len(self.stream.memory), checkpoint.directory if checkpoint else None)
 
     def _take_predictor(self, predictor_io_names: Any) -> Callable[..., Any] | None:
         """The predictor when ``predictor_io_names`` is one; else checks the names, kept for
@@ -364,8 +382,8 @@ class ExpReplay(DataFlow, Callback):
             value = getattr(stats, field)
             if value is not None:      # a figure without data this epoch
                 monitors.put_scalar('expreplay/' + name, value)
-        if (self.checkpoint_every_k_epochs is not None
-                and self.epoch_num % self.checkpoint_every_k_epochs == 0):
+        every = None if self.checkpoint is None else self.checkpoint.every_k_epochs
+        if every is not None and self.epoch_num % every == 0:
             self.stream.save_memory()
 
     def _after_train(self):
@@ -379,7 +397,7 @@ class ExpReplay(DataFlow, Callback):
                 logger.error("ExpReplay: training stopped because the replay failed: %r", self._fault)
 
     def save_memory(self) -> None:
-        """Save the memory to ``checkpoint_dir`` now."""
+        """Save the memory to the ``checkpoint``'s directory now."""
         self.stream.save_memory()
 
     def update_priorities(self, indices: Any, priorities: Any) -> int:
@@ -401,11 +419,11 @@ class ExpReplay(DataFlow, Callback):
             expreplay = ExpReplay.atari_dqn((['state'], ['Qvalue']), lambda: get_player(train=True))
 
         Epsilon is the population's schedule (1 during the fill, 1 -> 0.1 over the first 1M
-        agent steps, -> 0.01 by 40M, going on from a memory restored from ``checkpoint_dir``):
+        agent steps, -> 0.01 by 40M, going on from a memory restored from a ``checkpoint``):
         drop DQN.py's ``ScheduledHyperParamSetter(ObjAttrParam(expreplay, 'exploration'),
         ...)``, which would replace it by its numbers.
 
-        Overrides: any argument of ExpReplay (``memory_size=200_000``, ``checkpoint_dir=...``,
+        Overrides: any argument of ExpReplay (``memory_size=200_000``, ``checkpoint=...``,
         ``memory=ReplayMemory(..., prioritized=True)``...), ``exploration`` (a number or a
         schedule of the steps stored, for the population built here) and ``seed`` (seeds the
         population and the sampling built here; refused when both are passed in). Parts passed
@@ -451,11 +469,8 @@ class ExpReplay(DataFlow, Callback):
         if population is None:
             if exploration is None:
                 exploration = schedule = FrameSchedule(ATARI_DQN.epsilon, fill)
-            args['population'] = _built(
-                lambda: Population(get_player, args['num_parallel_players'],
-                                   exploration=exploration, seed=seed,
-                                   manager_kwargs={'close_timeout': CLOSE_TIMEOUT}),
-                {'num_players': 'num_parallel_players'})
+            args['population'] = _tensorpack_population(
+                get_player, args['num_parallel_players'], None, exploration=exploration, seed=seed)
         replay = cls(predictor_io_names, get_player, **args)
         if schedule is not None:
             schedule.resumed = replay.mem.num_steps_written
@@ -478,18 +493,15 @@ _MONITORED = (
 )
 
 
-def _built(build: Callable[[], Any], names: Mapping[str, str]) -> Any:
-    """``build()`` (a part from tensorpack's arguments); its TypeError or ValueError about one of
-    the part's arguments says which of tensorpack's it is (``names``: the part's -> tensorpack's,
-    e.g. ``max_size`` -> ``memory_size``). The part's own check decides; this only names."""
-    try:
-        return build()
-    except (TypeError, ValueError) as err:
-        message = str(err)
-        for theirs, ours in names.items():
-            if message.startswith(theirs + ' '):
-                raise type(err)(f"{ours}: {message}") from err
-        raise
+def _tensorpack_population(get_player: Callable[[], Any], num_parallel_players: Any,
+                           predictor: Callable[..., Any] | None, *, exploration: Any = None,
+                           seed: int | None = None) -> Population:
+    """ExpReplay's own population: its threads waited for :data:`CLOSE_TIMEOUT` s
+    (``exploration`` None: the population's default)."""
+    players = check_int(num_parallel_players, 'num_parallel_players', 1, allow_float=True)
+    given = {} if exploration is None else {'exploration': exploration}
+    return Population(get_player, players, predictor, seed=seed,
+                      manager=ManagerSettings(close_timeout=CLOSE_TIMEOUT), **given)
 
 
 def _agree(part_name: str, part: Any, cls: type, **args: tuple[str, Any]) -> None:

@@ -170,16 +170,12 @@ class ReplayStream:
             adds what ``init_memory_size`` still asks for (:attr:`resumed`).
         progress: show the initial fill: True (tqdm, if installed), False, or
             ``progress(total, desc)`` returning an object with ``update(n)`` and ``close()``.
-        arg_names (dict): the caller's names for the memory's ``state_shape`` and ``dtype``
-            in the messages that refuse a player (a front end with other argument names, e.g.
-            ``{'dtype': 'state_dtype'}``).
     """
 
     def __init__(self, memory: ReplayMemory, population: Population, sampling: Sampling,
                  init_memory_size: int = 0, *, prefetch: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None,
-                 progress: ProgressArg = True,
-                 arg_names: Mapping[str, str] | None = None) -> None:
+                 progress: ProgressArg = True) -> None:
         from ..acting.population import Population   # keeps `import expreplay.stream` light
 
         if not isinstance(memory, ReplayMemory):
@@ -209,10 +205,7 @@ class ReplayStream:
         self.memory = memory
         #: Whether the memory held transitions when the stream was built (restored or given).
         self.resumed = len(memory) > 0
-        names = dict(arg_names or {})
-        population.check_fits(memory.state_shape, memory.dtype,
-                              shape_arg=names.get('state_shape', 'state_shape'),
-                              dtype_arg=names.get('dtype', 'dtype'))
+        population.check_fits(memory.state_shape, memory.dtype)
         self.population = population
         lag, given = population.request_lag, population.maximum_staleness
         if lag is not None and given is not None and given < self._requests_held(lag):

@@ -645,9 +645,3 @@ def test_expreplay_logs_episodes_next_to_tensorpack_logs(tmp_path):
     assert all(r.seed == ProceduralSeeds(5).seed_for(r.runner, 0, r.episode) for r in records)
     assert expreplay.stream.population.episode_log.closed
 
-    # episode_log_in_logger_dir=False: no log even though tensorpack's log directory is (still) set.
-    off = make_expreplay(EnvFactory(), episode_log_in_logger_dir=False)
-    off.before_train()         # fills the memory at exploration 1: no trainer needed
-    off.after_train()
-    assert off.stream.population.episode_log is None and off.stream.episode_totals.episodes > 0
-    assert len(read_episode_log(tmp_path / 'log' / EPISODE_LOG_FILENAME)) == len(records)

@@ -35,8 +35,7 @@ def test_td_errors_and_loss_and_priority_feedback(tmp_path):
         (['state'], ['Qvalue']), lambda: gym.make('CartPole-v1'), 1, (4,), 32, 2000, 200, 2, 1,
         'float32', memory=expreplay.ReplayMemory(2000, (4,), 1, 'float32', prioritized=True,
                                                  alpha=0.6),
-        sampling=expreplay.Sampling(32, 2, beta=0.5, n_step=3, gamma=0.9, seed=0),
-        episode_log_in_logger_dir=False)
+        sampling=expreplay.Sampling(32, 2, beta=0.5, n_step=3, gamma=0.9, seed=0))
     checked = []
 
     class Check(Callback):

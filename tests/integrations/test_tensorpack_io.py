@@ -22,7 +22,8 @@ from expreplay import ReplayMemory
 from expreplay.acting.population import Population
 from expreplay.stream import DEFAULT_PREFETCH, MemoryCheckpoint
 from expreplay.stream.sampling import Sampling
-from expreplay.tensorpack_io import CLOSE_TIMEOUT
+from expreplay.acting.settings import ManagerSettings
+from expreplay.tensorpack_io import CLOSE_TIMEOUT, MemoryCheckpoints
 
 import tensorflow.compat.v1 as tf  # noqa: E402  (TF2 users of tensorpack write tf.compat.v1)
 from tensorpack import (FeedInput, ModelDesc, ModelSaver, ObjAttrParam, PeriodicTrigger,  # noqa: E402
@@ -152,8 +153,7 @@ def make_expreplay(factory, state_shape=(6,), population=None, **kwargs):
     args.update(kwargs)
     if isinstance(population, dict):
         population = dict(population)
-        population['manager_kwargs'] = dict({'close_timeout': CLOSE_TIMEOUT},
-                                            **population.get('manager_kwargs', {}))
+        population.setdefault('manager', ManagerSettings(close_timeout=CLOSE_TIMEOUT))
         population = Population(factory, args['num_parallel_players'], **population)
     if population is not None:
         args['population'] = population
@@ -214,8 +214,8 @@ def test_trains_reports_monitors_and_leaves_no_thread(tmp_path, stderr_clean, da
     factory = EnvFactory()
     # threads=1: both players on one simulator thread, the predictor (a tensorpack
     # OfflinePredictor) on an InferenceThread, which must enter the session's graph too.
-    expreplay = make_expreplay(factory, population=dict(seed=0, manager_kwargs={
-        'simulator_threads': threads}), prefetch=prefetch)
+    expreplay = make_expreplay(factory, population=dict(seed=0, manager=ManagerSettings(
+        close_timeout=CLOSE_TIMEOUT, simulator_threads=threads)), prefetch=prefetch)
     stats, errors, threads = train(tmp_path, simple_config(expreplay, TinyDQN((6,)), data=data))
 
     assert [s['epoch_num'] for s in stats] == [1, 2, 3]
@@ -258,7 +258,7 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, m
     # logger; with handlers there, expreplay leaves its records to them).
     monkeypatch.setattr(logging.getLogger(), 'handlers', [])
     factory = EnvFactory()
-    first = make_expreplay(factory, checkpoint_dir=str(ckpt), checkpoint_every_k_epochs=1,
+    first = make_expreplay(factory, checkpoint=MemoryCheckpoints(str(ckpt), every_k_epochs=1),
                            init_memory_size=600)
     saved_in_epoch = []
     probe = Probe(lambda cb: saved_in_epoch.append(MemoryCheckpoint(ckpt).exists()))
@@ -272,7 +272,7 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, m
     assert saved >= 600 and first.stream.fill_steps > 0
 
     factory2 = EnvFactory()
-    second = make_expreplay(factory2, checkpoint_dir=str(ckpt), init_memory_size=600)
+    second = make_expreplay(factory2, checkpoint=MemoryCheckpoints(str(ckpt)), init_memory_size=600)
     assert second.stream.resumed and len(second.mem) == saved
     written_before = second.mem.num_steps_written
     _, errors, threads = train(tmp_path / 'run2', simple_config(second, TinyDQN((6,)), max_epoch=1))
@@ -284,7 +284,7 @@ def test_second_training_resumes_from_the_saved_memory(tmp_path, stderr_clean, m
     assert errors == [] and threads == []
 
     with pytest.raises(ValueError, match='state_shape'):
-        make_expreplay(EnvFactory(), state_shape=(7,), checkpoint_dir=str(ckpt))
+        make_expreplay(EnvFactory(), state_shape=(7,), checkpoint=MemoryCheckpoints(str(ckpt)))
 
 
 @pytest.mark.parametrize('prefetch', PREFETCH, ids=['prefetch-off', 'prefetch-on'])
@@ -337,22 +337,22 @@ def test_the_stream_alone_checks_the_player_resumes_and_sets_the_staleness(tmp_p
     stream: one check of the player, the checkpoint loaded once, into the memory ExpReplay
     built (no second memory), and the stream's staleness default."""
     from expreplay import ReplayMemory
-    from expreplay.acting.population import Population
 
-    first = make_expreplay(EnvFactory(), checkpoint_dir=str(tmp_path))
+    first = make_expreplay(EnvFactory(), checkpoint=MemoryCheckpoints(str(tmp_path)))
     first.stream.start()
     first.stream.close()                      # saves the filled memory
+    import expreplay.acting.population as population_module
     checks, loaded = [], []
-    check_fits, restore = Population.check_fits, ReplayMemory.restore
-    monkeypatch.setattr(Population, 'check_fits',
-                        lambda self, *a, **kw: checks.append(a) or check_fits(self, *a, **kw))
+    check, restore = population_module.check_observation_space, ReplayMemory.restore
+    monkeypatch.setattr(population_module, 'check_observation_space',
+                        lambda *a, **kw: checks.append(a) or check(*a, **kw))
     monkeypatch.setattr(ReplayMemory, 'restore',
                         lambda self, path: loaded.append(self) or restore(self, path))
 
     def no_second_memory(*args, **kwargs):
         raise AssertionError("a memory was built from the checkpoint beside ExpReplay's")
     monkeypatch.setattr(ReplayMemory, 'load', no_second_memory)
-    second = make_expreplay(EnvFactory(), checkpoint_dir=str(tmp_path))
+    second = make_expreplay(EnvFactory(), checkpoint=MemoryCheckpoints(str(tmp_path)))
     assert len(checks) == 1 and loaded == [second.mem]
     assert second.stream.resumed and len(second.mem) == len(first.mem) >= 300
     # Left None, the staleness is the stream's default: twice update_frequency.
@@ -560,19 +560,15 @@ def test_arguments_are_checked_as_replay_stream_checks_them(tmp_path):
     assert replay.mem.max_size == 10_000 and replay.stream.init_memory_size == 1000
     assert replay.stream.sampling.batch_size == 16
     replay.stream.close(save=False)
-    # The parts' checks decide; the error names tensorpack's argument (and the part's).
-    bad = [(dict(memory_size=float('inf')), ValueError, '^memory_size: max_size must be'),
-           (dict(state_dtype=None), TypeError, '^state_dtype: dtype must be'),
-           (dict(num_parallel_players=0), ValueError, '^num_parallel_players: num_players'),
+    # The parts' rules decide; the error names tensorpack's argument.
+    bad = [(dict(memory_size=float('inf')), ValueError, '^memory_size must be'),
+           (dict(state_dtype='pixels'), TypeError, '^state_dtype must be a numpy dtype'),
+           (dict(num_parallel_players=0), ValueError, '^num_parallel_players must be'),
            (dict(batch_size=True), TypeError, 'batch_size'),
            (dict(history_len=0), ValueError, 'history_len'),
            (dict(init_memory_size=-1), ValueError, 'init_memory_size'),
-           (dict(episode_log_in_logger_dir='yes'), TypeError, 'episode_log_in_logger_dir'),
            (dict(population=dict(seed='abc')), TypeError, 'seed'),
-           (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=1.5), ValueError,
-            'checkpoint_every_k_epochs'),
-           (dict(checkpoint_dir=str(tmp_path), checkpoint_every_k_epochs=True), TypeError,
-            'checkpoint_every_k_epochs'),
+           (dict(checkpoint=str(tmp_path)), TypeError, '^checkpoint must be a MemoryCheckpoints'),
            (dict(predictor_io_names='state'), ValueError, 'predictor_io_names')]
     for kwargs, error, match in bad:
         with pytest.raises(error, match=match):
@@ -606,9 +602,7 @@ def test_the_signature_is_tensorpacks_plus_the_parts_and_its_own_settings():
                   'history_len', 'state_dtype']
     assert list(params)[:10] == tensorpack
     assert all(params[n].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for n in tensorpack)
-    assert list(params)[10:] == ['memory', 'sampling', 'population', 'checkpoint_dir',
-                                 'checkpoint_every_k_epochs', 'episode_log_in_logger_dir',
-                                 'prefetch']
+    assert list(params)[10:] == ['memory', 'sampling', 'population', 'checkpoint', 'prefetch']
     assert all(params[n].kind is inspect.Parameter.KEYWORD_ONLY for n in list(params)[10:])
     # No forwarding table: the settings are read where they live.
     replay = make_expreplay(EnvFactory())
@@ -690,7 +684,7 @@ def test_the_episode_log_follows_tensorpacks_log_dir_unless_the_population_has_o
     logger.set_logger_dir(str(tmp_path / 'log'), action='d')
     try:
         cases = [(dict(), None, tmp_path / 'log'),
-                 (dict(episode_log_in_logger_dir=False), {}, None),
+                 (dict(), {}, tmp_path / 'log'),
                  (dict(), dict(episode_log_dir=str(tmp_path / 'own')), tmp_path / 'own')]
         for kwargs, population, where in cases:
             replay = make_expreplay(EnvFactory(), init_memory_size=50, population=population,

@@ -10,6 +10,7 @@ tensorpack_io = pytest.importorskip('expreplay.tensorpack_io')
 
 from expreplay import ReplayMemory  # noqa: E402
 from expreplay.acting.population import Population  # noqa: E402
+from expreplay.acting.settings import ManagerSettings  # noqa: E402
 from expreplay.stream.sampling import Sampling  # noqa: E402
 from scripted_env import ScriptedEnv  # noqa: E402
 
@@ -69,7 +70,7 @@ def test_parts_passed_in_give_tensorpacks_arguments():
     memory = ReplayMemory(3_000, (84, 84), 4, prioritized=True)
     sampling = Sampling(32, 8, batch_format='transitions')
     population = Population(atari_env, 2, exploration=0.5,
-                            manager_kwargs={'close_timeout': CLOSE_TIMEOUT})
+                            manager=ManagerSettings(close_timeout=CLOSE_TIMEOUT))
     replay = ExpReplay.atari_dqn(q_values, atari_env, memory=memory, sampling=sampling,
                                  population=population)
     try:
@@ -100,7 +101,7 @@ def test_seed_seeds_the_parts_built_here_and_is_refused_when_it_would_seed_none(
         assert replay.stream.sampling.batch_format.name == 'transitions' and replay.stream.sampling.seed == 5
     finally:
         replay.stream.close()
-    population = Population(atari_env, 2, seed=1, manager_kwargs={'close_timeout': CLOSE_TIMEOUT})
+    population = Population(atari_env, 2, seed=1, manager=ManagerSettings(close_timeout=CLOSE_TIMEOUT))
     with pytest.raises(ValueError, match=r'seed=5 would seed nothing: .* population and the '
                                          r'sampling, and both are passed in'):
         ExpReplay.atari_dqn(q_values, atari_env, memory_size=2_000, population=population,
