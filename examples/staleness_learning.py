@@ -19,6 +19,9 @@
         --weights-every 10000 --data docs/data/staleness
     # the table and the plot, from the committed files only:
     python examples/staleness_learning.py report --data docs/data/staleness --png docs/staleness_learning.png
+    # two sets of runs side by side, unpaired (e.g. the PyTorch example's seeds against JAX's):
+    python examples/staleness_learning.py compare docs/data/minatar_torch/breakout_seed*.csv.gz \
+        --against docs/data/minatar_jax/breakout_seed*.csv.gz
 
 Two lags, both as ``dqn_minatar_jax.py`` reports them on its last line:
 
@@ -377,6 +380,56 @@ def plot(rows, baseline, png):
     print(f"wrote {png}")
 
 
+def two_sample_ci(a, b, resamples=10_000, seed=0):
+    """A bootstrap 95% interval of ``mean(a) - mean(b)``, each set's runs drawn with
+    replacement within the set (unpaired runs: no seed is matched to another)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    rng = np.random.default_rng(seed)
+    diffs = (a[rng.integers(0, len(a), (resamples, len(a)))].mean(axis=1)
+             - b[rng.integers(0, len(b), (resamples, len(b)))].mean(axis=1))
+    return float(np.percentile(diffs, 2.5)), float(np.percentile(diffs, 97.5))
+
+
+def two_sample_detectable(a, b, power=0.8, alpha=0.05):
+    """The smallest difference of means a two-sided two-sample t-test (pooled SD) of these set
+    sizes would find with ``power`` at ``alpha``, for runs spread as these are; None when the
+    runs can not give a pooled SD."""
+    from scipy import stats
+    n1, n2 = len(a), len(b)
+    df = n1 + n2 - 2
+    if n1 < 1 or n2 < 1 or df < 1:
+        return None
+    pooled = np.sqrt(((n1 - 1) * np.var(a, ddof=1 if n1 > 1 else 0)
+                      + (n2 - 1) * np.var(b, ddof=1 if n2 > 1 else 0)) / df)
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df))
+                 * pooled * np.sqrt(1 / n1 + 1 / n2))
+
+
+def compare(args):
+    """Print each run's score (800k-1M) and area (0-1M), then the two sets' difference."""
+    sets = {'runs': sorted(args.runs), 'against': sorted(args.against)}
+    figures = {}
+    print("| set | returns file | score, 800k-1M (episodes) | area under the curve, 0-1M |")
+    print("|---|---|---|---|")
+    for name, files in sets.items():
+        figures[name] = []
+        for path in files:
+            score, episodes = window_score(path)
+            area = curve_area(path)
+            figures[name].append((score, area))
+            print(f"| {name} | {os.path.basename(path)} | {score:.2f} ({episodes}) | {area:.2f} |")
+    for i, what in enumerate(('score, 800k-1M', 'area, 0-1M')):
+        a = [f[i] for f in figures['runs']]
+        b = [f[i] for f in figures['against']]
+        lo, hi = two_sample_ci(a, b)
+        smallest = two_sample_detectable(a, b)
+        print(f"{what}: runs {np.mean(a):.2f} (range {min(a):.2f}-{max(a):.2f}, {len(a)} runs), "
+              f"against {np.mean(b):.2f} (range {min(b):.2f}-{max(b):.2f}, {len(b)} runs): "
+              f"difference {np.mean(a) - np.mean(b):+.2f} [bootstrap 95% CI {lo:+.2f}, {hi:+.2f}]"
+              + (f", smallest difference detectable (80% power) {smallest:.2f}"
+                 if smallest is not None else ""))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -403,8 +456,11 @@ def main(argv=None):
     r.add_argument('--baseline', default=BASELINE,
                    help="one-player runs' returns files <game>_seed<S>.csv.gz (lag 0)")
     r.add_argument('--png')
+    c = sub.add_parser('compare', help="two sets of returns files side by side (unpaired)")
+    c.add_argument('runs', nargs='+', help='returns files (frames,score), e.g. one per seed')
+    c.add_argument('--against', nargs='+', required=True, help='the returns files compared with')
     args = p.parse_args(argv)
-    add(args) if args.command == 'add' else report(args)
+    {'add': add, 'report': report, 'compare': compare}[args.command](args)
 
 
 if __name__ == '__main__':

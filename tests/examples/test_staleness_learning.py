@@ -210,3 +210,21 @@ def test_a_fixed_lag_arm_is_paired_with_the_control_of_its_players_and_seed(tmp_
     out = capsys.readouterr().out
     assert '| breakout | 65536 | 0, 1, 2 | 7.00 -> 6.50 | -0.50 (seeds: ' in out
     assert "| breakout | 0 | 4 players, the stream's |" in out
+
+
+def test_two_sets_of_runs_are_compared_unpaired(tmp_path, capsys):
+    """Each run's score over its last 200k frames, and the difference of the two sets' means
+    with an interval that holds it (the runs spread, so the interval is not a point)."""
+    for seed, score in enumerate((7.0, 7.4)):
+        baseline(tmp_path / 'torch', 'breakout', seed, score)
+    for seed, score in enumerate((8.0, 8.2, 8.6)):
+        baseline(tmp_path / 'jax', 'breakout', seed, score)
+    staleness_learning.main(['compare', *sorted(map(str, (tmp_path / 'torch').iterdir())),
+                             '--against', *sorted(map(str, (tmp_path / 'jax').iterdir()))])
+    out = capsys.readouterr().out
+    assert '| runs | breakout_seed1.csv.gz | 7.40 (4) |' in out
+    assert '| against | breakout_seed2.csv.gz | 8.60 (4) |' in out
+    line = next(x for x in out.splitlines() if x.startswith('score, 800k-1M'))
+    assert 'runs 7.20' in line and 'against 8.27' in line and 'difference -1.07' in line
+    lo, hi = (float(v) for v in line.split('CI ')[1].split(']')[0].split(', '))
+    assert lo < -1.07 < hi and lo < hi < 0
