@@ -12,7 +12,7 @@ from typing import Any
 
 from .._checks import check_choice, check_int, check_real
 
-__all__ = ['DrawSettings', 'LAYOUTS', 'WEIGHT_NORMS']
+__all__ = ['DrawSettings', 'DEFAULTS', 'LAYOUTS', 'WEIGHT_NORMS']
 
 #: The layouts of stacked states: frames last (tensorpack's DQNModel) or first.
 LAYOUTS = ('NHWC', 'NCHW')
@@ -20,7 +20,7 @@ LAYOUTS = ('NHWC', 'NCHW')
 WEIGHT_NORMS = ('memory', 'batch')
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class DrawSettings:
     """The settings of a draw of n-step transitions (frozen; change one with
     ``dataclasses.replace``).
@@ -59,4 +59,26 @@ class DrawSettings:
     def given(cls, **settings: Any) -> DrawSettings:
         """The settings of those given that are not None, the others at their defaults: how a
         signature whose draw settings default to None (not given) reads them."""
-        return cls(**{name: value for name, value in settings.items() if value is not None})
+        given = {name: value for name, value in settings.items() if value is not None}
+        if not given:
+            return DEFAULTS
+        # A loop that calls sample() with the same settings each time makes (and checks) their
+        # record once: a few microseconds saved on every call after the first.
+        try:
+            key = (cls, tuple(sorted((name, type(v), v) for name, v in given.items())))
+            made = _MADE.get(key)
+        except TypeError:                 # an unhashable value: refused by the checks below
+            key, made = None, None
+        if made is None:
+            made = cls(**given)
+            if key is not None and len(_MADE) < _MADE_LIMIT:
+                _MADE[key] = made
+        return made
+
+
+#: The defaults, made once.
+DEFAULTS = DrawSettings()
+# Records made by given(), by the values given (and their types: 1 and 1.0 hash alike, but
+# only one is a valid n_step). Bounded: a loop over ever-new gammas does not grow it forever.
+_MADE: dict[Any, DrawSettings] = {}
+_MADE_LIMIT = 256

@@ -34,7 +34,7 @@ from .._checks import (check_allocatable, check_bool, check_choice, check_dtype,
 from ._inputs import (_FLOAT32_MAX, _INT32_MAX, _INT32_MIN, as_frame, check_action,  # noqa: F401
                       check_actions, check_extra_fields, check_extras, check_flags, check_frames,
                       check_reward, check_rewards)
-from .draw import DrawSettings
+from .draw import DEFAULTS as DEFAULT_DRAW, LAYOUTS, DrawSettings
 from .distribution import PrioritizedDistribution, SamplingDistribution, UniformDistribution
 from .ring import BlockRing
 from .sampling import SampleBatch, Sampler
@@ -222,7 +222,8 @@ class ReplayMemory:
                 not fit the batch.
         """
         size: int = check_int(batch_size, 'batch_size', 1, allow_float=True)
-        layout = DrawSettings.given(layout=layout).layout
+        layout = (DEFAULT_DRAW.layout if layout is None
+                  else check_choice(layout, 'layout', LAYOUTS))   # the rule DrawSettings applies
         rng = self._rng if rng is None else check_rng(rng, 'rng')
         if out is not None:
             self.sampler.check_comb_out(out, size, layout)
