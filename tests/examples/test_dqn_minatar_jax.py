@@ -19,6 +19,7 @@ Each run is a subprocess that imports the example and runs its ``main`` (this fi
 script, is that subprocess).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -55,15 +56,15 @@ DEFECTS = {
 }
 
 
-def n_step_off_by_one(sample, memory, args, kwargs):
+def n_step_off_by_one(draw, memory, batch_size, settings, kwargs):
     """The n-step walk stops one step short (n - 1 rewards, the state n - 1 steps on) while
     the bootstrap is discounted by gamma^n, as a loop bound off by one would leave it."""
-    n, gamma = kwargs.get('n_step', 1), kwargs.get('gamma', 0.99)
-    batch = sample(memory, *args, **dict(kwargs, n_step=max(1, n - 1)))
-    return batch._replace(discount=batch.discount * gamma)
+    short = dataclasses.replace(settings, n_step=max(1, settings.n_step - 1))
+    batch = draw(memory, batch_size, short, **kwargs)
+    return batch._replace(discount=batch.discount * settings.gamma)
 
 
-# Defects in how the memory draws (the whole sample call altered, not only its batch). Off by
+# Defects in how the memory draws (the whole draw altered, not only its batch). Off by
 # one, the n-step walk learns as well in a short run (with --n-step 3: 5.95 against 5.61 for
 # the same seed); tests/stream/test_stream_rainbow.py shows the stream's n-step check refuses it.
 SAMPLE_DEFECTS = {'n-step-off-by-one': n_step_off_by_one}
@@ -186,20 +187,41 @@ def main(defect, seed, *extra):
                 return self.defect(self.env, super().step(action))
 
         dqn_minatar_jax.StartProbe = StoringDefect
+    # ReplayMemory.draw is what every batch comes from (a stream's, and sample()'s): a defect
+    # put there reaches the learner whatever path the example takes.
+    # Each injected defect counts the batches (or feedbacks) it altered: a run whose learner
+    # never met its defect (the example drawing another way) fails, instead of passing clean.
+    applied = [0]
+    if defect in STORED_DEFECTS:
+        pass            # counted by the probe's steps below
     elif defect in SAMPLE_DEFECTS:
-        draw, sample = SAMPLE_DEFECTS[defect], ReplayMemory.sample
-        ReplayMemory.sample = lambda self, *args, **kwargs: draw(sample, self, args, kwargs)
+        defective, draw = SAMPLE_DEFECTS[defect], ReplayMemory.draw
+
+        def defective_draw(self, size, settings, **kwargs):
+            applied[0] += 1
+            return defective(draw, self, size, settings, kwargs)
+
+        ReplayMemory.draw = defective_draw
     elif defect in PRIORITY_DEFECTS:
         feed, update = PRIORITY_DEFECTS[defect], ReplayMemory.update_priorities
-        ReplayMemory.update_priorities = lambda self, i, p: feed(update, self, i, p)
+
+        def defective_update(self, indices, priorities):
+            applied[0] += 1
+            return feed(update, self, indices, priorities)
+
+        ReplayMemory.update_priorities = defective_update
     else:
-        alter, rng, sample = DEFECTS[defect], np.random.default_rng(int(seed)), ReplayMemory.sample
+        alter, rng, draw = DEFECTS[defect], np.random.default_rng(int(seed)), ReplayMemory.draw
 
-        def sample_with_defect(self, *args, **kwargs):
-            return alter(sample(self, *args, **kwargs), rng)
+        def draw_with_defect(self, *args, **kwargs):
+            applied[0] += 1
+            return alter(draw(self, *args, **kwargs), rng)
 
-        ReplayMemory.sample = sample_with_defect
+        ReplayMemory.draw = draw_with_defect
     dqn_minatar_jax.main(CI_ARGS + ['--seed', seed, '--eval-episodes', str(EVAL_EPISODES), *extra])
+    if defect not in STORED_DEFECTS and applied[0] == 0:
+        raise SystemExit(f"the defect {defect!r} never reached the learner: no batch passed "
+                         "through it")
 
 
 if __name__ == '__main__':
